@@ -1,0 +1,3 @@
+from gpuval.cli import main
+
+main()

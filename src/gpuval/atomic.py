@@ -1,0 +1,41 @@
+"""Write files so that a reader never sees half of one: temp file in the same directory, then rename."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
+    """Create `path` and prove a file can be written there, before any long work starts."""
+    from gpuval.errors import UsageError
+
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".gpuval-probe.", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UsageError(
+            f"output directory '{directory}' cannot be written ({exc.strerror or exc}); "
+            "pass --output with a writable directory"
+        ) from None
+    return directory

@@ -1,0 +1,308 @@
+"""NCCL/gloo collectives with nccl-tests' algbw/busbw, timed over a size sweep, results checked exactly.
+
+Definitions follow NVIDIA/nccl-tests doc/PERFORMANCE.md: `S` is the size nccl-tests prints for the op
+(column "size"), t the time of one op averaged over the ranks, `algbw = S / t`, `busbw = algbw *
+factor(n)`. One table row per op holds its buffer layout, its busbw factor, the torch call, and the
+exact expected result; one loop times them all.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
+from gpuval.config import ByteSize
+from gpuval.results import Measurement
+from gpuval.timing import measure
+
+OpName = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"]
+ALL_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
+
+# Largest integer each dtype holds exactly: sums of the fill pattern stay below it, so equality is exact.
+_EXACT_LIMIT = {"float32": 2**24, "bfloat16": 2**8, "float16": 2**11}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Element counts for one op at nccl-tests size S (in elements, already a multiple of n)."""
+
+    input_count: int
+    output_count: int
+
+
+@dataclass
+class Call:
+    """Everything an op's torch call and expected-result function need."""
+
+    group: Any
+    n: int  # ranks in the group
+    rank: int  # rank within the group
+    count: int  # S in elements
+    input: Any
+    output: Any
+    pattern: Callable[[int, int, int], Any]  # (rank, offset, length) -> tensor of that rank's input values
+
+
+@dataclass(frozen=True)
+class CollectiveOp:
+    name: str
+    layout: Callable[[int, int], Layout]  # (S elements, n) -> buffer sizes per rank
+    busbw_factor: Callable[[int], float]  # n -> factor, nccl-tests doc/PERFORMANCE.md
+    call: Callable[[Call], None]
+    expected: Callable[[Call], Any]  # tensor this rank must hold in `output` afterwards
+    in_place: bool = False  # output is the input buffer
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist
+
+
+def _global(call: Call, group_rank: int) -> int:
+    return _dist().get_global_rank(call.group, group_rank)
+
+
+def _sum_over_ranks(call: Call, offset: int, length: int):
+    total = call.pattern(0, offset, length).clone()
+    for other in range(1, call.n):
+        total += call.pattern(other, offset, length)
+    return total
+
+
+def _all_reduce(call: Call) -> None:
+    _dist().all_reduce(call.output, group=call.group)
+
+
+def _all_gather(call: Call) -> None:
+    dist = _dist()
+    # torch >= 2.13 renamed all_gather_into_tensor; the device image (2.11) has only the old name.
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
+        call.output, call.input, group=call.group)
+
+
+def _reduce_scatter(call: Call) -> None:
+    dist = _dist()
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
+        call.output, call.input, group=call.group)
+
+
+def _alltoall(call: Call) -> None:
+    _dist().all_to_all_single(call.output, call.input, group=call.group)
+
+
+def _broadcast(call: Call) -> None:
+    _dist().broadcast(call.output, src=_global(call, 0), group=call.group)
+
+
+def _sendrecv(call: Call) -> None:
+    # nccl-tests' sendrecv: every rank sends to r+1 and receives from r-1 at the same time (a ring).
+    dist = _dist()
+    send_to, recv_from = _global(call, (call.rank + 1) % call.n), _global(call, (call.rank - 1) % call.n)
+    ops = [
+        dist.P2POp(dist.isend, call.input, send_to, group=call.group),
+        dist.P2POp(dist.irecv, call.output, recv_from, group=call.group),
+    ]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+
+
+def _cat(parts):
+    import torch
+
+    return torch.cat(parts)
+
+
+OPS: dict[str, CollectiveOp] = {
+    op.name: op
+    for op in (
+        # all_reduce: S = per-rank buffer; busbw = algbw * 2(n-1)/n
+        CollectiveOp(
+            "all_reduce",
+            layout=lambda s, n: Layout(s, s),
+            busbw_factor=lambda n: 2 * (n - 1) / n,
+            call=_all_reduce,
+            expected=lambda c: _sum_over_ranks(c, 0, c.count),
+            in_place=True,
+        ),
+        # all_gather: S = whole output (n x per-rank input); busbw = algbw * (n-1)/n
+        CollectiveOp(
+            "all_gather",
+            layout=lambda s, n: Layout(s // n, s),
+            busbw_factor=lambda n: (n - 1) / n,
+            call=_all_gather,
+            expected=lambda c: _cat([c.pattern(r, 0, c.count // c.n) for r in range(c.n)]),
+        ),
+        # reduce_scatter: S = whole input (n x per-rank output); busbw = algbw * (n-1)/n
+        CollectiveOp(
+            "reduce_scatter",
+            layout=lambda s, n: Layout(s, s // n),
+            busbw_factor=lambda n: (n - 1) / n,
+            call=_reduce_scatter,
+            expected=lambda c: _sum_over_ranks(c, c.rank * (c.count // c.n), c.count // c.n),
+        ),
+        # alltoall: S = per-rank send buffer; busbw = algbw * (n-1)/n
+        CollectiveOp(
+            "alltoall",
+            layout=lambda s, n: Layout(s, s),
+            busbw_factor=lambda n: (n - 1) / n,
+            call=_alltoall,
+            expected=lambda c: _cat(
+                [c.pattern(r, c.rank * (c.count // c.n), c.count // c.n) for r in range(c.n)]
+            ),
+        ),
+        # broadcast: S = buffer; busbw = algbw
+        CollectiveOp(
+            "broadcast",
+            layout=lambda s, n: Layout(s, s),
+            busbw_factor=lambda n: 1.0,
+            call=_broadcast,
+            expected=lambda c: c.pattern(0, 0, c.count),
+            in_place=True,
+        ),
+        # sendrecv: S = buffer; busbw = algbw
+        CollectiveOp(
+            "sendrecv",
+            layout=lambda s, n: Layout(s, s),
+            busbw_factor=lambda n: 1.0,
+            call=_sendrecv,
+            expected=lambda c: c.pattern((c.rank - 1) % c.n, 0, c.count),
+        ),
+    )
+}
+
+
+def bandwidth_gbps(op: str, size_bytes: int, time_s: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 B/s) as nccl-tests reports them for one op of size S taking time_s."""
+    algbw = size_bytes / time_s / 1e9
+    return algbw, algbw * OPS[op].busbw_factor(n)
+
+
+def exact_count(size_bytes: int, element_size: int, n: int) -> int:
+    """Elements of S, rounded down to a multiple of n (nccl-tests does the same), at least n."""
+    count = size_bytes // element_size
+    return max(n, count - count % n)
+
+
+class CollectiveOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ops: list[OpName] = Field(default_factory=lambda: list(ALL_OPS))
+    min_bytes: ByteSize = Field(description="smallest S")
+    max_bytes: ByteSize = Field(description="largest S")
+    step_factor: int = Field(2, ge=2, description="S grows by this factor (nccl-tests -f)")
+    extra_sizes: list[ByteSize] = Field(default_factory=list, description="sizes measured besides the sweep")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    warmup: int = Field(5, ge=0)
+    iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
+    repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
+    scope: Literal["world", "node"] = Field("world", description="'node': each node runs alone (NVLink only)")
+
+
+def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
+    if on_gpu:
+        return {"min_bytes": 2**20, "max_bytes": 2**30 if quick else 2**32, "step_factor": 4 if quick else 2,
+                "repeats": 3 if quick else 5}
+    return {"min_bytes": 2**12, "max_bytes": 2**20 if quick else 2**22, "step_factor": 4,
+            "warmup": 2, "iters": 5, "repeats": 3}
+
+
+def sweep_sizes(options: CollectiveOptions) -> list[int]:
+    sizes = set(options.extra_sizes)
+    size = options.min_bytes
+    while size <= options.max_bytes:
+        sizes.add(size)
+        size *= options.step_factor
+    return sorted(sizes)
+
+
+def _group_for(ctx: Context, scope: str):
+    dist = _dist()
+    runtime = ctx.runtime
+    if scope == "node" and runtime.num_nodes > 1:
+        group, _ = dist.new_subgroups(group_size=runtime.local_world_size)
+        return group, f"node:{runtime.node_name}"
+    return dist.group.WORLD, "cluster"
+
+
+def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measurement]:
+    import torch
+
+    dist = _dist()
+    runtime = ctx.runtime
+    device = runtime.device
+    dtype = getattr(torch, options.dtype)
+    element_size = torch.tensor([], dtype=dtype).element_size()
+    group, scope = _group_for(ctx, options.scope)
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if n < 2:
+        raise BenchmarkSkipped("one rank: a collective needs two or more GPUs (or processes) to move data")
+    modulus = max(1, min(61, _EXACT_LIMIT[options.dtype] // max(n, 1) - 1))
+
+    def pattern(source_rank: int, offset: int, length: int):
+        # Small positive integers that differ per rank and per element: sums over n ranks stay exact in
+        # `dtype`, and any misrouted, dropped or stale chunk changes the result.
+        index = torch.arange(offset, offset + length, device=device, dtype=torch.int64)
+        return ((index * 3 + source_rank * 11) % modulus + 1).to(dtype)
+
+    def barrier() -> None:
+        dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
+        runtime.synchronize()
+
+    measurements: list[Measurement] = []
+    for op_name in options.ops:
+        op = OPS[op_name]
+        for size in sweep_sizes(options):
+            ctx.progress(f"{op_name} {size} B")
+            count = exact_count(size, element_size, n)
+            layout = op.layout(count, n)
+            source = pattern(rank, 0, layout.input_count)
+            output = source if op.in_place else torch.empty(layout.output_count, dtype=dtype, device=device)
+            if not op.in_place:
+                output.fill_(-1)  # poison: an element the op never wrote cannot pass the check
+            call = Call(group, n, rank, count, source, output, pattern)
+
+            OPS[op_name].call(call)  # looked up at call time so tests can substitute a faulty op
+            runtime.synchronize()
+            wrong = int((call.output != op.expected(call)).sum().item())
+            counts = torch.tensor([wrong], dtype=torch.int64, device=device)
+            dist.all_reduce(counts, group=group)
+
+            times = measure(lambda: OPS[op_name].call(call), device, warmup=options.warmup,
+                            repeats=options.repeats, inner=options.iters, before_each=barrier)
+            # nccl-tests reports the time averaged over ranks (its default -a 1); then the median block.
+            per_rank = torch.tensor(times, dtype=torch.float64, device=device)
+            dist.all_reduce(per_rank, group=group)
+            mean_times = (per_rank / n).tolist()
+            median_s = statistics.median(mean_times)
+            exact_bytes = count * element_size
+            algbw, busbw = bandwidth_gbps(op_name, exact_bytes, median_s, n)
+            if rank != 0:
+                continue  # one measurement per group, made by its first rank (all ranks timed it)
+            measurements.append(Measurement(
+                name=op_name, scope=scope,
+                params={"bytes": size, "bytes_exact": exact_bytes, "dtype": options.dtype, "ranks": n,
+                        "iters": options.iters},
+                metrics={"time_us": median_s * 1e6, "time_us_min": min(mean_times) * 1e6,
+                         "time_us_max": max(mean_times) * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw,
+                         "wrong_elements": float(counts.item())},
+                samples=options.repeats,
+            ))
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return measurements
+
+
+register(Benchmark(
+    name="collectives",
+    summary="all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv: algbw/busbw as nccl-tests",
+    options=CollectiveOptions,
+    defaults=_defaults,
+    run=run_collectives,
+    produces=ALL_OPS,
+))

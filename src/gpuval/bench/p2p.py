@@ -1,0 +1,80 @@
+"""GPU-to-GPU copy bandwidth for every ordered pair of GPUs on a node (a weak NVLink shows up here).
+
+The first rank of each node drives all pairs, one at a time, with the other ranks waiting, so each
+number is one link alone. Bytes counted: the buffer once (what crossed the link), GB/s = 1e9 B/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
+from gpuval.config import ByteSize
+from gpuval.results import Measurement
+from gpuval.timing import measure
+
+
+class P2POptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bytes: ByteSize = Field(description="buffer copied per pair")
+    warmup: int = Field(2, ge=0)
+    repeats: int = Field(10, ge=1)
+
+
+def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
+    return {"bytes": 2**28 if quick else 2**30, "repeats": 5 if quick else 10}
+
+
+def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
+    import torch
+
+    runtime = ctx.runtime
+    if runtime.device.type != "cuda":
+        raise BenchmarkSkipped("no GPU: GPU-to-GPU copies need at least two GPUs on a node")
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        raise BenchmarkSkipped(f"{gpus} GPU visible to each process: P2P needs two or more on a node")
+    measurements: list[Measurement] = []
+    runtime.barrier()
+    if runtime.local_rank == 0:
+        count = options.bytes // 4
+        buffers = [torch.rand(count, device=f"cuda:{index}").add_(0.5) for index in range(gpus)]
+        for src in range(gpus):
+            for dst in range(gpus):
+                if src == dst:
+                    continue
+                ctx.progress(f"p2p gpu{src}->gpu{dst}")
+                target = torch.empty(count, device=f"cuda:{dst}")
+                with torch.cuda.device(src):
+                    # Timed on the source GPU's stream, which performs the copy (cudaMemcpyPeerAsync).
+                    times = measure(lambda t=target, s=buffers[src]: t.copy_(s, non_blocking=True),
+                                    torch.device("cuda", src), warmup=options.warmup, repeats=options.repeats)
+                torch.cuda.synchronize(dst)
+                measurements.append(Measurement(
+                    name="p2p", scope=f"link:{runtime.node_name}/gpu{src}-gpu{dst}",
+                    params={"src": src, "dst": dst, "bytes": count * 4,
+                            "peer_access": bool(torch.cuda.can_device_access_peer(src, dst))},
+                    metrics={"copy_gbps": count * 4 / statistics.median(times) / 1e9,
+                             "copy_gbps_min": count * 4 / max(times) / 1e9,
+                             "copy_gbps_max": count * 4 / min(times) / 1e9},
+                    samples=len(times)))
+                del target
+        del buffers
+        torch.cuda.empty_cache()
+    runtime.barrier()
+    return measurements
+
+
+register(Benchmark(
+    name="p2p",
+    summary="GPU-to-GPU copy GB/s matrix within each node",
+    options=P2POptions,
+    defaults=_defaults,
+    run=run_p2p,
+    produces=("p2p",),
+    outlier_metrics=("copy_gbps",),
+))

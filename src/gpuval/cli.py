@@ -1,0 +1,246 @@
+"""Command line: one small function per command; the work lives in the modules it calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import functools
+
+import typer
+from rich.console import Console
+
+from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, RunError
+
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="Validate NVIDIA GPU nodes and clusters: benchmarks and an acceptance verdict.",
+)
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+SetOption = Annotated[list[str], typer.Option("--set", help="override a field: key.path=value (repeatable)")]
+
+
+def _exits(command):
+    """Typer ignores return values: turn a command's returned exit code into typer.Exit."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        raise typer.Exit(command(*args, **kwargs))
+
+    return wrapper
+
+
+NprocOption = Annotated[int | None, typer.Option(
+    "--nproc", help="local ranks when not started by torchrun/srun (default: one per GPU, 2 on a CPU)")]
+
+
+def _default_nproc() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> int:
+    """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
+
+    `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same.
+    """
+    from gpuval.launch import launch_local, report_exit
+    from gpuval.runtime import launcher_env
+
+    ranks = nproc if nproc is not None else _default_nproc()
+    if launcher_env() == "single" and ranks > 1:
+        return launch_local(ranks, [*sys.argv[1:], *extra_argv])
+    try:
+        code = work()
+    except GpuvalError as exc:
+        if os.environ.get("RANK", "0") == "0":
+            err_console.print(f"gpuval: {exc}", markup=False, highlight=False)
+        code = exc.exit_code
+    return report_exit(code)
+
+
+def _progress():
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[bench]}"), BarColumn(),
+                    TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=False)
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@app.command()
+@_exits
+def accept(
+    profile: Annotated[str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")] = None,
+    output: Annotated[Path | None, typer.Option(help="directory for result.json and junit.xml")] = None,
+    quick: Annotated[bool, typer.Option(help="smaller sweeps, fewer repetitions")] = False,
+    set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    nproc: NprocOption = None,
+    json_: Annotated[bool, typer.Option("--json", help="print result.json to stdout")] = False,
+) -> int:
+    """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
+    from gpuval.atomic import ensure_writable_dir
+    from gpuval.config import load_profile, pick_profile
+    from gpuval.discover import local_gpu_names
+    from gpuval.suite import plan_benchmarks
+
+    name = profile or pick_profile(local_gpu_names())
+    loaded = load_profile(name, set_)
+    plan = plan_benchmarks(loaded, quick, _on_gpu())
+    extra_argv: tuple[str, ...] = ()
+    if output is None:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        output = Path("gpuval-results") / f"accept-{stamp}"
+        extra_argv = ("--output", str(output))
+    if os.environ.get("RANK", "0") == "0":
+        ensure_writable_dir(output)
+
+    def work() -> int:
+        from gpuval.accept import run_accept, write_reports
+        from gpuval.report.console import print_result
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        try:
+            if runtime.is_main and not json_:
+                err_console.print(f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
+                                  f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}")
+            if runtime.is_main:
+                with _progress() as bar:
+                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in plan}
+                    result = run_accept(runtime, loaded, plan, quick,
+                                        lambda b, msg: bar.update(tasks[b], description=msg,
+                                                                  completed=1 if msg == "done" else 0))
+            else:
+                result = run_accept(runtime, loaded, plan, quick)
+        finally:
+            runtime.shutdown()
+        if result is None:
+            return EXIT_PASS
+        paths = write_reports(result, output)
+        if json_:
+            sys.stdout.write(result.to_json())
+        else:
+            print_result(result, console)
+            console.print(f"wrote {', '.join(str(p) for p in paths)}")
+        return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
+
+    return _distributed(nproc, work, extra_argv)
+
+
+@app.command()
+@_exits
+def bench(
+    name: Annotated[str | None, typer.Argument(help="benchmark to run; omit to list them")] = None,
+    set_: SetOption = [],  # noqa: B006
+    quick: Annotated[bool, typer.Option(help="smaller sweep")] = False,
+    output: Annotated[Path | None, typer.Option(help="write the measurements as JSON to this file")] = None,
+    nproc: NprocOption = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the JSON to stdout")] = False,
+) -> int:
+    """Run one benchmark alone (`gpuval bench` lists them with their options)."""
+    from gpuval.bench.registry import all_benchmarks, get
+    from gpuval.config import apply_sets
+    from gpuval.suite import bench_options
+
+    if name is None:
+        for bench_name, item in sorted(all_benchmarks().items()):
+            console.print(f"[bold]{bench_name}[/]: {item.summary}")
+            for field, info in item.options.model_fields.items():
+                console.print(f"    --set {field}=…  {info.description or ''}")
+        return EXIT_PASS
+    benchmark = get(name)
+    overrides: dict[str, Any] = {}
+    apply_sets(overrides, set_, dotted_maps=())
+    options = bench_options(benchmark.name, overrides, quick, _on_gpu())
+    if output is not None and os.environ.get("RANK", "0") == "0":
+        from gpuval.atomic import ensure_writable_dir
+
+        ensure_writable_dir(output.parent if str(output.parent) else Path("."))
+
+    def work() -> int:
+        from gpuval.atomic import write_text_atomic
+        from gpuval.report.console import print_measurements
+        from gpuval.runtime import init_runtime
+        from gpuval.suite import run_benchmarks
+
+        runtime = init_runtime()
+        began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            if runtime.is_main:
+                with _progress() as bar:
+                    task = bar.add_task("starting", bench=benchmark.name, total=1)
+                    outcome = run_benchmarks(runtime, {benchmark.name: options}, quick,
+                                             lambda b, msg: bar.update(task, description=msg))
+            else:
+                outcome = run_benchmarks(runtime, {benchmark.name: options}, quick)
+            world = runtime.world_info()
+        finally:
+            runtime.shutdown()
+        if not runtime.is_main:
+            return EXIT_PASS
+        status, reason = outcome.not_run.get(benchmark.name, (None, ""))
+        document = {
+            "schema": "gpuval.bench/v1", "benchmark": benchmark.name, "started_at": started_at,
+            "duration_s": round(time.perf_counter() - began, 3), "world": world,
+            "status": status.value if status else "OK", "detail": reason,
+            "options": options.model_dump(mode="json"), "command": ["gpuval", *sys.argv[1:]],
+            "measurements": [m.model_dump(mode="json") for m in outcome.measurements],
+        }
+        text = json.dumps(document, indent=2) + "\n"
+        if output is not None:
+            write_text_atomic(output, text)
+        if json_:
+            sys.stdout.write(text)
+        elif outcome.measurements:
+            print_measurements(benchmark.name, outcome.measurements, console)
+        if status is not None:
+            raise RunError(f"{benchmark.name}: {status.value}: {reason}")
+        return EXIT_PASS
+
+    return _distributed(nproc, work)
+
+
+@app.command()
+@_exits
+def profiles() -> int:
+    """List the built-in profiles."""
+    from gpuval.config import builtin_profiles, load_profile
+
+    for name in builtin_profiles():
+        console.print(f"[bold]{name}[/]: {load_profile(name).description}")
+    return EXIT_PASS
+
+
+@app.command()
+@_exits
+def schema() -> int:
+    """Print the JSON Schema of result.json."""
+    from gpuval.results import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+    return EXIT_PASS
+
+
+def main() -> None:
+    """Entry point: usage errors exit 2 (typer), our own errors print one line with their exit code."""
+    try:
+        app(prog_name="gpuval")
+    except GpuvalError as exc:
+        err_console.print(f"gpuval: {exc}", markup=False, highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("gpuval: interrupted")
+        sys.exit(130)

@@ -1,0 +1,208 @@
+"""Profiles: thresholds per hardware, as YAML parsed into strict models.
+
+Unknown keys are errors that name the key (with a suggestion); `--set key.path=value` overrides any
+field before validation, so a wrong type is reported like a wrong YAML value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from gpuval.errors import UsageError
+from gpuval.units import parse_bytes
+
+ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Threshold(_Strict):
+    """Bounds for one check. `bytes` selects the measurement at that message size (collectives)."""
+
+    min: float | None = None
+    max: float | None = None
+    bytes: ByteSize | None = None
+    level: Literal["fail", "warn"] = Field("fail", description="what crossing the bound gives")
+
+
+class Expect(_Strict):
+    gpu_count: int | None = Field(None, ge=0, description="GPUs per node")
+    gpu_name: str | None = Field(None, description="regular expression matching the whole GPU name")
+    gpu_memory_gib: float | None = Field(None, gt=0, description="minimum GiB per GPU")
+
+
+class RuntimeSettings(_Strict):
+    timeout_s: float = Field(300.0, gt=0, description="timeout of every collective")
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    expect: Expect = Field(default_factory=Expect)
+    runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    checks: dict[str, Threshold] = Field(default_factory=dict)
+    benchmarks: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="options per benchmark; listing one runs it even with no check"
+    )
+
+    @field_validator("checks")
+    @classmethod
+    def _check_names(cls, checks: dict[str, Threshold]) -> dict[str, Threshold]:
+        for key in checks:
+            if not re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_]+", key):
+                raise ValueError(f"check name '{key}' must look like '<measurement>.<metric>'")
+        return checks
+
+
+def profile_dir() -> Path:
+    return Path(str(resources.files("gpuval").joinpath("profiles")))
+
+
+def builtin_profiles() -> list[str]:
+    return sorted(path.stem for path in profile_dir().glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"profile '{path}': cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"profile '{path}': broken YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"profile '{path}': expected a mapping of keys at the top, got {type(data).__name__}")
+    return data
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists() or "/" in name_or_path:
+        if not candidate.exists():
+            raise UsageError(f"profile file '{name_or_path}' does not exist; check the path")
+        return candidate
+    builtin = profile_dir() / f"{name_or_path}.yaml"
+    if builtin.exists():
+        return builtin
+    names = builtin_profiles()
+    close = difflib.get_close_matches(name_or_path, names, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise UsageError(f"unknown profile '{name_or_path}'{hint}; built-in profiles: {', '.join(names)}")
+
+
+def parse_set(assignment: str) -> tuple[list[str], Any]:
+    """'expect.gpu_count=8' -> (['expect', 'gpu_count'], 8); the value is read as a YAML scalar."""
+    if "=" not in assignment:
+        raise UsageError(f"--set '{assignment}': write it as key.path=value")
+    key, raw = assignment.split("=", 1)
+    parts = [part for part in key.strip().split(".") if part]
+    if not parts:
+        raise UsageError(f"--set '{assignment}': the key is empty")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_sets(data: dict[str, Any], assignments: list[str], dotted_maps: tuple[str, ...] = ("checks",)) -> None:
+    """Apply --set overrides in place. Keys of maps in `dotted_maps` hold one dot ('all_reduce.busbw_gbps')."""
+    for assignment in assignments:
+        parts, value = parse_set(assignment)
+        if parts[0] in dotted_maps and len(parts) >= 3:
+            parts = [parts[0], f"{parts[1]}.{parts[2]}", *parts[3:]]
+        node = data
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UsageError(f"--set '{assignment}': '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+
+
+def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> str:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        key = str(first["loc"][-1])
+        known = _known_keys(model, first["loc"][:-1])
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(known)})" if known else ""
+        return f"{source}: unknown key '{location}'{hint}"
+    if first["type"] == "missing":
+        return f"{source}: missing key '{location}'"
+    return f"{source}: '{location}': {first['msg']} (got {first.get('input')!r})"
+
+
+def _known_keys(model: type[BaseModel], location: tuple[Any, ...]) -> list[str]:
+    """Field names valid at `location` (for 'did you mean'); steps over the keys of dict fields."""
+    current: Any = model
+    parts = list(location)
+    while parts and current is not None:
+        part = parts.pop(0)
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        annotation = field.annotation
+        if get_origin(annotation) is dict:
+            if parts:
+                parts.pop(0)  # the dict's own key, e.g. a check name
+            current = _model_of(get_args(annotation)[1])
+        else:
+            current = _model_of(annotation)
+    return sorted(current.model_fields) if current is not None else []
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def validate_model(model: type[BaseModel], data: dict[str, Any], source: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(_describe(exc, source, model)) from None
+
+
+def load_profile(name_or_path: str, assignments: list[str] | None = None) -> Profile:
+    path = resolve_profile_path(name_or_path)
+    data = _read_yaml(path)
+    apply_sets(data, assignments or [])
+    source = f"profile '{path.name if path.parent == profile_dir() else path}'"
+    return validate_model(Profile, data, source)
+
+
+def pick_profile(gpu_names: list[str]) -> str:
+    """The built-in profile whose expect.gpu_name matches the local GPUs; 'cpu' when there are none."""
+    if not gpu_names:
+        return "cpu"
+    for name in builtin_profiles():
+        profile = load_profile(name)
+        pattern = profile.expect.gpu_name
+        if pattern and all(re.fullmatch(pattern, gpu) for gpu in gpu_names):
+            return name
+    raise UsageError(
+        f"no built-in profile matches the GPUs here ({gpu_names[0]}); pass --profile FILE "
+        f"(start from one of: {', '.join(builtin_profiles())})"
+    )

@@ -1,0 +1,29 @@
+"""Exceptions that carry the process exit code of the ARCHITECTURE contract.
+
+0 PASS · 1 FAIL · 2 usage or input error · 3 ERROR (the run itself could not complete).
+"""
+
+from __future__ import annotations
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_ERROR = 3
+
+
+class GpuvalError(Exception):
+    """An error a person can act on: printed as one line, never as a traceback."""
+
+    exit_code = EXIT_ERROR
+
+
+class UsageError(GpuvalError):
+    """Bad input: a broken YAML, an unknown name, an unwritable path, a wrong --set value."""
+
+    exit_code = EXIT_USAGE
+
+
+class RunError(GpuvalError):
+    """The tool could not complete its work: a crashed rank, a timeout, a missing device."""
+
+    exit_code = EXIT_ERROR

@@ -1,0 +1,1 @@
+"""Reports of a result: console tables, JUnit XML."""

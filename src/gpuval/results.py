@@ -1,0 +1,116 @@
+"""Measurements, checks, the verdict, and result.json (schema `gpuval.result/v1`).
+
+A Measurement is what a benchmark observed; a Check is a measurement held against a threshold. The
+verdict is computed from checks alone, so a result file can always be re-judged from its contents.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuval.atomic import write_text_atomic
+
+SCHEMA_ID = "gpuval.result/v1"
+
+
+class Status(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    WARN = "WARN"
+    SKIP = "SKIP"
+    ERROR = "ERROR"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Measurement(_Strict):
+    name: str = Field(description="benchmark item, e.g. 'all_reduce' or 'matmul'")
+    scope: str = Field(description="cluster | node:NAME | gpu:NODE/INDEX | link:NODE/A-B")
+    params: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float | None] = Field(default_factory=dict, description="unit in each key: busbw_gbps")
+    samples: int = Field(0, description="timed repetitions behind the metrics")
+
+
+class Check(_Strict):
+    name: str = Field(description="'<measurement>.<metric>' or a named health check")
+    status: Status
+    value: float | None = None
+    threshold: dict[str, Any] = Field(default_factory=dict)
+    unit: str = ""
+    scope: str = "cluster"
+    detail: str = Field("", description="one line a person can act on")
+
+
+class World(_Strict):
+    size: int = 1
+    nodes: int = 1
+    backend: str = "gloo"
+
+
+class Result(_Strict):
+    schema_: str = Field(SCHEMA_ID, alias="schema")
+    verdict: Status
+    started_at: str
+    duration_s: float
+    profile: str
+    world: World
+    inventory: dict[str, Any] = Field(default_factory=dict)
+    measurements: list[Measurement] = Field(default_factory=list)
+    checks: list[Check] = Field(default_factory=list)
+    gpuval_version: str = ""
+    command: list[str] = Field(default_factory=list)
+    settings: dict[str, Any] = Field(default_factory=dict, description="effective profile after --set")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
+
+    def write(self, path) -> None:
+        write_text_atomic(path, self.to_json())
+
+
+def verdict(checks: list[Check]) -> Status:
+    """FAIL if the hardware failed any check; else ERROR if any check could not be completed; else PASS.
+
+    A proven hardware fault outranks an incomplete run: the node must be fixed either way. WARN and SKIP
+    never change a PASS. No checks at all is ERROR: nothing was shown to work.
+    """
+    statuses = {check.status for check in checks}
+    if Status.FAIL in statuses:
+        return Status.FAIL
+    if Status.ERROR in statuses or not checks:
+        return Status.ERROR
+    return Status.PASS
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN/Infinity: store them as null so every JSON parser reads the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def json_schema() -> dict[str, Any]:
+    """The published JSON Schema of result.json (shipped as gpuval/schema/result.v1.json)."""
+    text = resources.files("gpuval").joinpath("schema/result.v1.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def generated_schema() -> dict[str, Any]:
+    schema = Result.model_json_schema(by_alias=True)
+    schema["$id"] = SCHEMA_ID
+    schema["title"] = "gpuval result"
+    return schema

@@ -1,0 +1,218 @@
+"""Process-group set-up from the launcher's environment: torchrun (and so Kubernetes), Slurm, or none.
+
+gpuval never launches or connects ranks itself: torchrun/srun start the processes, torch.distributed
+(NCCL on GPUs, gloo on CPUs) connects them. Every collective runs under the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from gpuval.errors import RunError
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    node_name: str
+    backend: str
+    device: Any  # torch.device
+    launcher: str  # "single" | "torchrun" | "slurm"
+    timeout_s: float
+    node_names: list[str] = field(default_factory=list)  # index = node_rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, len(self.node_names))
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.on_gpu:
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def synchronize(self) -> None:
+        if self.on_gpu:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def world_info(self) -> dict[str, Any]:
+        return {"size": self.world_size, "nodes": self.num_nodes, "backend": self.backend}
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launcher_env(environ: dict[str, str] | None = None) -> str:
+    """Which launcher started this process: 'torchrun', 'slurm' (srun, one task per GPU) or 'single'."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "torchrun"
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_STEP_ID" in env:
+        return "slurm"
+    return "single"
+
+
+def _slurm_master_addr(env: dict[str, str]) -> str:
+    # srun runs the batch step on the first node of the allocation, so the launch node is rank 0's node.
+    if env.get("SLURM_LAUNCH_NODE_IPADDR"):
+        return env["SLURM_LAUNCH_NODE_IPADDR"]
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    try:
+        hosts = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+        ).stdout.split()
+        return hosts[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        return "127.0.0.1"
+
+
+def distributed_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Rank layout from the environment only: RANK/WORLD_SIZE/... (torchrun) or SLURM_* (srun)."""
+    env = dict(os.environ if environ is None else environ)
+    kind = launcher_env(env)
+    if kind == "torchrun":
+        world = int(env["WORLD_SIZE"])
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+        return {
+            "launcher": kind,
+            "rank": int(env["RANK"]),
+            "world_size": world,
+            "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "local_world_size": local_world,
+            "node_rank": int(env.get("GROUP_RANK", int(env["RANK"]) // max(local_world, 1))),
+            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
+            "master_port": env.get("MASTER_PORT", "29500"),
+        }
+    if kind == "slurm":
+        world = int(env["SLURM_NTASKS"])
+        nodes = int(env.get("SLURM_NNODES", "1"))
+        tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        local_world = int(tasks_per_node) if tasks_per_node.isdigit() else max(1, world // nodes)
+        job_id = int(env.get("SLURM_JOB_ID", "0") or 0)
+        return {
+            "launcher": kind,
+            "rank": int(env["SLURM_PROCID"]),
+            "world_size": world,
+            "local_rank": int(env.get("SLURM_LOCALID", 0)),
+            "local_world_size": local_world,
+            "node_rank": int(env.get("SLURM_NODEID", 0)),
+            "master_addr": env.get("MASTER_ADDR") or _slurm_master_addr(env),
+            # One port per job, so two jobs sharing a node do not collide.
+            "master_port": env.get("MASTER_PORT") or str(20000 + job_id % 20000),
+        }
+    return {
+        "launcher": kind,
+        "rank": 0,
+        "world_size": 1,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "node_rank": 0,
+        "master_addr": "127.0.0.1",
+        "master_port": "0",
+    }
+
+
+def node_name(environ: dict[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    return env.get("GPUVAL_NODE_NAME") or env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def init_runtime(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None) -> Runtime:
+    """Join the process group the launcher prepared (or a group of one), bound to this rank's GPU."""
+    import torch
+    import torch.distributed as dist
+
+    layout = distributed_env()
+    if torch.cuda.is_available() and backend != "gloo":
+        count = torch.cuda.device_count()
+        if layout["local_rank"] >= count:
+            raise RunError(
+                f"local rank {layout['local_rank']} has no GPU: {count} visible on this node; "
+                "start one process per GPU (torchrun --nproc-per-node=<GPUs>)"
+            )
+        device = torch.device("cuda", layout["local_rank"])
+        torch.cuda.set_device(device)
+        backend = backend or "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = backend or "gloo"
+
+    timeout = timedelta(seconds=timeout_s)
+    try:
+        if not dist.is_initialized():
+            if layout["launcher"] == "single":
+                dist.init_process_group(
+                    backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                )
+            else:
+                os.environ.setdefault("MASTER_ADDR", str(layout["master_addr"]))
+                os.environ.setdefault("MASTER_PORT", str(layout["master_port"]))
+                kwargs: dict[str, Any] = {}
+                if device.type == "cuda":
+                    kwargs["device_id"] = device  # binds NCCL to this GPU, connects eagerly
+                dist.init_process_group(
+                    backend,
+                    init_method="env://",
+                    rank=layout["rank"],
+                    world_size=layout["world_size"],
+                    timeout=timeout,
+                    **kwargs,
+                )
+    except (RuntimeError, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunError(
+            f"could not join the process group ({backend}, rank {layout['rank']} of "
+            f"{layout['world_size']}): {first}"
+        ) from None
+
+    runtime = Runtime(
+        rank=layout["rank"],
+        world_size=layout["world_size"],
+        local_rank=layout["local_rank"],
+        local_world_size=layout["local_world_size"],
+        node_rank=layout["node_rank"],
+        node_name=node_name(),
+        backend=backend,
+        device=device,
+        launcher=layout["launcher"],
+        timeout_s=timeout_s,
+    )
+    pairs = runtime.all_gather_object((runtime.node_rank, runtime.node_name))
+    names: dict[int, str] = {}
+    for rank_node, name in pairs:
+        names.setdefault(rank_node, name)
+    runtime.node_names = [names[index] for index in sorted(names)]
+    return runtime

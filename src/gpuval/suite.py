@@ -1,0 +1,108 @@
+"""Running benchmarks on every rank and collecting their measurements at rank 0.
+
+Each rank returns the measurements it owns (its GPU's, or its group's when it is the group's first rank);
+the harness gathers them. An exception on any rank turns the benchmark into ERROR with its message, and
+the benchmarks after it are not run: a process group that saw a failure cannot be trusted to time more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuval.bench.registry import BenchmarkSkipped, Context, all_benchmarks
+from gpuval.config import Profile, validate_model
+from gpuval.errors import UsageError
+from gpuval.results import Measurement, Status
+
+
+@dataclass
+class Outcome:
+    measurements: list[Measurement] = field(default_factory=list)
+    not_run: dict[str, tuple[Status, str]] = field(default_factory=dict)  # benchmark -> (SKIP|ERROR, reason)
+    durations_s: dict[str, float] = field(default_factory=dict)
+
+
+def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, Any]:
+    """Benchmarks the profile needs, in registry order, each with validated options (exit 2 on a bad one)."""
+    benchmarks = all_benchmarks()
+    producers = {produced: bench.name for bench in benchmarks.values() for produced in bench.produces}
+    needed: set[str] = set()
+    for check_name in profile.checks:
+        target, metric = check_name.split(".", 1)
+        if target == "outliers":
+            source = metric[: -len("_pct")] if metric.endswith("_pct") else ""
+            if source not in benchmarks or not benchmarks[source].outlier_metrics:
+                known = [f"outliers.{n}_pct" for n, b in benchmarks.items() if b.outlier_metrics]
+                raise UsageError(f"profile '{profile.name}': check '{check_name}' compares no benchmark; "
+                                 f"use one of: {', '.join(known)}")
+            needed.add(source)
+        elif target in producers:
+            needed.add(producers[target])
+        elif target != "expect":
+            raise UsageError(f"profile '{profile.name}': check '{check_name}': nothing measures '{target}'; "
+                             f"measured: {', '.join(sorted(producers))}")
+    for name in profile.benchmarks:
+        if name not in benchmarks:
+            raise UsageError(f"profile '{profile.name}': benchmarks.{name}: unknown benchmark; "
+                             f"available: {', '.join(sorted(benchmarks))}")
+        needed.add(name)
+
+    plan: dict[str, Any] = {}
+    for name, bench in benchmarks.items():
+        if name not in needed:
+            continue
+        overrides = dict(profile.benchmarks.get(name, {}))
+        if name == "collectives":
+            # Sizes named by thresholds are measured even when the sweep would not reach them.
+            sizes = {t.bytes for check, t in profile.checks.items() if t.bytes is not None
+                     and producers.get(check.split(".")[0]) == "collectives"}
+            overrides["extra_sizes"] = sorted(set(overrides.get("extra_sizes", [])) | sizes)
+        plan[name] = bench.make_options(overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}")
+    return plan
+
+
+def bench_options(name: str, assignments: dict[str, Any], quick: bool, on_gpu: bool) -> Any:
+    bench = all_benchmarks()[name]
+    return validate_model(bench.options, {**bench.defaults(quick, on_gpu), **assignments}, f"bench {name}")
+
+
+def run_benchmarks(
+    runtime: Any, plan: dict[str, Any], quick: bool,
+    progress: Callable[[str, str], None] = lambda bench, message: None,
+) -> Outcome:
+    import time
+
+    outcome = Outcome()
+    benchmarks = all_benchmarks()
+    broken: str | None = None
+    for name, options in plan.items():
+        if broken is not None:
+            outcome.not_run[name] = (Status.ERROR, f"not run: {broken}")
+            continue
+        ctx = Context(runtime=runtime, quick=quick, progress=lambda message, n=name: progress(n, message))
+        began = time.perf_counter()
+        status: tuple[str, str] | None = None
+        mine: list[Measurement] = []
+        try:
+            mine = benchmarks[name].run(ctx, options)
+        except BenchmarkSkipped as exc:
+            status = ("SKIP", str(exc))
+        except Exception as exc:  # a crash inside a benchmark is an ERROR of the run, never a pass
+            status = ("ERROR", f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status))
+        outcome.durations_s[name] = time.perf_counter() - began
+        statuses = [s for _, s in gathered if s is not None]
+        errors = [reason for kind, reason in statuses if kind == "ERROR"]
+        if errors:
+            outcome.not_run[name] = (Status.ERROR, errors[0])
+            broken = f"an earlier benchmark failed ({errors[0]})"
+            continue
+        if statuses:
+            outcome.not_run[name] = (Status.SKIP, statuses[0][1])
+        for dumped, _ in gathered:
+            outcome.measurements.extend(Measurement.model_validate(m) for m in dumped)
+        progress(name, "done")
+    return outcome

@@ -1,0 +1,40 @@
+"""Byte sizes as people write them, and back."""
+
+from __future__ import annotations
+
+import re
+
+# Binary multiples, as nccl-tests reads -b/-e ("1M" = 2**20); an explicit "B" without "i" means decimal.
+_BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_DECIMAL = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """'1GiB' / '1G' -> 2**30, '1GB' -> 10**9, '4096' or 4096 -> 4096."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a byte size: {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0 or int(value) != value:
+            raise ValueError(f"not a byte size: {value!r}")
+        return int(value)
+    match = _PATTERN.match(value)
+    if not match:
+        raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
+    number, prefix, suffix = match.group(1), match.group(2).upper(), (match.group(3) or "").upper()
+    factor = _DECIMAL[prefix + "B"] if suffix == "B" and prefix else _BINARY[prefix]
+    result = float(number) * factor
+    if result != int(result):
+        raise ValueError(f"not a whole number of bytes: {value!r}")
+    return int(result)
+
+
+def format_bytes(count: int) -> str:
+    """4096 -> '4 KiB', 1073741824 -> '1 GiB', 1000 -> '1000 B'."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= factor and count % factor == 0:
+            return f"{count // factor} {unit}"
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= factor:
+            return f"{count / factor:.1f} {unit}"
+    return f"{count} B"
