@@ -27,37 +27,65 @@ def expect_checks(profile: Profile, nodes: list[dict[str, Any]]) -> list[Check]:
         if expect.gpu_count is not None:
             found = node["gpu_count"]
             ok = found == expect.gpu_count
-            checks.append(Check(
-                name="expect.gpu_count", status=Status.PASS if ok else Status.FAIL, value=found,
-                threshold={"equal": expect.gpu_count}, unit="GPUs", scope=scope,
-                detail=f"{found} GPUs" if ok else f"{found} GPUs visible, {expect.gpu_count} expected: check "
-                f"the driver sees all of them (nvidia-smi), then reseat or replace the missing GPU"))
+            checks.append(
+                Check(
+                    name="expect.gpu_count",
+                    status=Status.PASS if ok else Status.FAIL,
+                    value=found,
+                    threshold={"equal": expect.gpu_count},
+                    unit="GPUs",
+                    scope=scope,
+                    detail=f"{found} GPUs"
+                    if ok
+                    else f"{found} GPUs visible, {expect.gpu_count} expected: check "
+                    f"the driver sees all of them (nvidia-smi), then reseat or replace the missing GPU",
+                )
+            )
         for gpu in node["gpus"]:
             gpu_scope = f"gpu:{node['node']}/{gpu['index']}"
             if expect.gpu_name is not None:
                 ok = re.fullmatch(expect.gpu_name, gpu["name"]) is not None
-                checks.append(Check(
-                    name="expect.gpu_name", status=Status.PASS if ok else Status.FAIL, scope=gpu_scope,
-                    threshold={"match": expect.gpu_name},
-                    detail=gpu["name"] if ok else f"'{gpu['name']}' is not '{expect.gpu_name}': wrong profile "
-                    f"for this node (pass --profile) or a different GPU model installed"))
+                checks.append(
+                    Check(
+                        name="expect.gpu_name",
+                        status=Status.PASS if ok else Status.FAIL,
+                        scope=gpu_scope,
+                        threshold={"match": expect.gpu_name},
+                        detail=gpu["name"]
+                        if ok
+                        else f"'{gpu['name']}' is not '{expect.gpu_name}': wrong profile "
+                        f"for this node (pass --profile) or a different GPU model installed",
+                    )
+                )
             if expect.gpu_memory_gib is not None:
                 gib = gpu["memory_total_bytes"] / 2**30
                 ok = gib >= expect.gpu_memory_gib
-                checks.append(Check(
-                    name="expect.gpu_memory_gib", status=Status.PASS if ok else Status.FAIL, value=gib,
-                    threshold={"min": expect.gpu_memory_gib}, unit="GiB", scope=gpu_scope,
-                    detail=f"{gib:.1f} GiB" if ok else f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
-                    f"or a memory fault may hide memory (nvidia-smi -q -d MEMORY)"))
+                checks.append(
+                    Check(
+                        name="expect.gpu_memory_gib",
+                        status=Status.PASS if ok else Status.FAIL,
+                        value=gib,
+                        threshold={"min": expect.gpu_memory_gib},
+                        unit="GiB",
+                        scope=gpu_scope,
+                        detail=f"{gib:.1f} GiB"
+                        if ok
+                        else f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
+                        f"or a memory fault may hide memory (nvidia-smi -q -d MEMORY)",
+                    )
+                )
     return checks
 
 
-def run_accept(runtime: Any, profile: Profile, plan: dict[str, Any], quick: bool,
-               progress=lambda bench, message: None) -> Result | None:
+def run_accept(
+    runtime: Any, profile: Profile, plan: dict[str, Any], quick: bool, progress=lambda bench, message: None
+) -> Result | None:
     """Run on every rank; returns the Result on rank 0 (None elsewhere)."""
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
-    inventories = runtime.all_gather_object(node_inventory(runtime.node_name) if runtime.local_rank == 0 else None)
+    inventories = runtime.all_gather_object(
+        node_inventory(runtime.node_name) if runtime.local_rank == 0 else None
+    )
     nodes = [inventory for inventory in inventories if inventory is not None]
     outcome = run_benchmarks(runtime, plan, quick, progress)
     if not runtime.is_main:
@@ -80,14 +108,20 @@ def run_accept(runtime: Any, profile: Profile, plan: dict[str, Any], quick: bool
         duration_s=round(time.perf_counter() - began, 3),
         profile=profile.name,
         world=runtime.world_info(),
-        inventory={"nodes": nodes, "launcher": runtime.launcher,
-                   "benchmark_durations_s": {k: round(v, 3) for k, v in outcome.durations_s.items()}},
+        inventory={
+            "nodes": nodes,
+            "launcher": runtime.launcher,
+            "benchmark_durations_s": {k: round(v, 3) for k, v in outcome.durations_s.items()},
+        },
         measurements=measurements,
         checks=checks,
         gpuval_version=__version__,
         command=["gpuval", *sys.argv[1:]],
-        settings={"profile": profile.model_dump(mode="json"), "quick": quick,
-                  "benchmarks": {name: options.model_dump(mode="json") for name, options in plan.items()}},
+        settings={
+            "profile": profile.model_dump(mode="json"),
+            "quick": quick,
+            "benchmarks": {name: options.model_dump(mode="json") for name, options in plan.items()},
+        },
     )
 
 

@@ -13,6 +13,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            # mkstemp makes 0600; give the mode open() would, so CI can read the file as another user
+            os.fchmod(handle.fileno(), 0o666 & ~_umask())
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -21,6 +23,12 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:

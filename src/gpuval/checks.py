@@ -4,6 +4,7 @@ exact collective results, and the slowest GPU or link against the median of its 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 
@@ -11,8 +12,16 @@ from gpuval.config import Profile, Threshold
 from gpuval.results import Check, Measurement, Status
 from gpuval.units import format_bytes
 
-_UNITS = (("_gbps", "GB/s"), ("_tbps", "TB/s"), ("_tflops", "TFLOP/s"), ("_pct", "%"), ("_us", "us"),
-          ("_s", "s"), ("_gib", "GiB"), ("_count", ""))
+_UNITS = (
+    ("_gbps", "GB/s"),
+    ("_tbps", "TB/s"),
+    ("_tflops", "TFLOP/s"),
+    ("_pct", "%"),
+    ("_us", "us"),
+    ("_s", "s"),
+    ("_gib", "GiB"),
+    ("_count", ""),
+)
 
 
 def unit_of(metric: str) -> str:
@@ -42,18 +51,50 @@ def outlier_measurements(
         metric = next((c for c in candidates if c in measured), None)
         if metric is None:
             continue
-        points = [(m.metrics[metric], m.scope) for m in measurements
-                  if m.name == benchmark and m.metrics.get(metric) is not None]
+        points = [
+            (m.metrics[metric], m.scope)
+            for m in measurements
+            if m.name == benchmark and m.metrics.get(metric) is not None
+        ]
         if len(points) < 2:
             continue
         values = [value for value, _ in points]
         slowest_value, slowest_scope = min(points)
-        derived.append(Measurement(
-            name="outliers", scope=slowest_scope,
-            params={"benchmark": benchmark, "metric": metric, "slowest": slowest_scope,
-                    "slowest_value": slowest_value, "median": statistics.median(values), "count": len(values)},
-            metrics={f"{benchmark}_pct": gap_to_median_pct(values)}, samples=len(values)))
+        derived.append(
+            Measurement(
+                name="outliers",
+                scope=slowest_scope,
+                params={
+                    "benchmark": benchmark,
+                    "metric": metric,
+                    "slowest": slowest_scope,
+                    "slowest_value": slowest_value,
+                    "median": statistics.median(values),
+                    "count": len(values),
+                },
+                metrics={f"{benchmark}_pct": gap_to_median_pct(values)},
+                samples=len(values),
+            )
+        )
     return derived
+
+
+# What to look at when a measurement misses its bound, by measurement (and metric where it matters).
+_HINTS = {
+    "matmul": "check clocks, power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER)",
+    "membw": "check memory clocks and ECC / row-remapping state (nvidia-smi -q -d MEMORY,ECC,ROW_REMAPPER)",
+    "membw.h2d_gbps": "check the PCIe link (nvidia-smi -q -d PCI: generation and width) and NUMA binding",
+    "membw.d2h_gbps": "check the PCIe link (nvidia-smi -q -d PCI: generation and width) and NUMA binding",
+    "p2p": "check this GPU pair's NVLinks (nvidia-smi nvlink -s, -e) and peer access",
+    "collective": "check NVLink/InfiniBand state and errors (nvidia-smi nvlink -e, ibstat), topology "
+    "(nvidia-smi topo -m) and NCCL_* settings; --set benchmarks.collectives.scope=node finds the node",
+}
+_COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}
+
+
+def hint_for(name: str, metric: str) -> str:
+    key = "collective" if name in _COLLECTIVES else name
+    return _HINTS.get(f"{name}.{metric}") or _HINTS.get(key, "compare with the node's earlier runs")
 
 
 def _describe_bound(threshold: Threshold) -> str:
@@ -70,26 +111,46 @@ def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshol
     unit = unit_of(metric)
     bound = threshold.model_dump(exclude_none=True, exclude={"level"})
     where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
-    if value is None:
-        return Check(name=name, status=Status.ERROR, threshold=bound, unit=unit, scope=measurement.scope,
-                     detail=f"{name}{where}: the benchmark produced no value; rerun and read its log")
+    if value is None or math.isnan(value):
+        return Check(
+            name=name,
+            status=Status.ERROR,
+            threshold=bound,
+            unit=unit,
+            scope=measurement.scope,
+            detail=f"{name}{where}: the benchmark produced no value; rerun and read its log",
+        )
     low = threshold.min is not None and value < threshold.min
     high = threshold.max is not None and value > threshold.max
     if not (low or high):
         status, detail = Status.PASS, f"{value:.4g} {unit}{where}, required {_describe_bound(threshold)}"
     else:
         status = Status.WARN if threshold.level == "warn" else Status.FAIL
-        detail = f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(threshold)}"
+        detail = (
+            f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(threshold)}: "
+            f"{hint_for(measurement.name, metric)}"
+        )
         if measurement.name == "outliers":
-            detail = (f"{measurement.params['slowest']} is {value:.1f}% below the median "
-                      f"{measurement.params['metric']} ({measurement.params['slowest_value']:.4g} vs "
-                      f"{measurement.params['median']:.4g}); check its clocks, power and cooling")
-    return Check(name=name, status=status, value=value, threshold=bound, unit=unit, scope=measurement.scope,
-                 detail=detail)
+            detail = (
+                f"{measurement.params['slowest']} is {value:.1f}% below the median "
+                f"{measurement.params['metric']} ({measurement.params['slowest_value']:.4g} vs "
+                f"{measurement.params['median']:.4g}); check its clocks, power and cooling"
+            )
+    return Check(
+        name=name,
+        status=status,
+        value=value,
+        threshold=bound,
+        unit=unit,
+        scope=measurement.scope,
+        detail=detail,
+    )
 
 
 def threshold_checks(
-    profile: Profile, measurements: list[Measurement], not_run: dict[str, tuple[Status, str]],
+    profile: Profile,
+    measurements: list[Measurement],
+    not_run: dict[str, tuple[Status, str]],
     producers: dict[str, str],
 ) -> list[Check]:
     """One check per (profile check, matching measurement); a check with nothing to judge is never a PASS.
@@ -99,8 +160,13 @@ def threshold_checks(
     checks: list[Check] = []
     for name, threshold in profile.checks.items():
         target, metric = name.split(".", 1)
-        matches = [m for m in measurements if m.name == target and metric in m.metrics
-                   and (threshold.bytes is None or m.params.get("bytes") == threshold.bytes)]
+        matches = [
+            m
+            for m in measurements
+            if m.name == target
+            and metric in m.metrics
+            and (threshold.bytes is None or m.params.get("bytes") == threshold.bytes)
+        ]
         if matches:
             checks.extend(_judge(name, m, metric, threshold) for m in matches)
             continue
@@ -109,18 +175,33 @@ def threshold_checks(
         if target == "outliers" and metric.endswith("_pct"):
             source = metric[: -len("_pct")]
             if source not in not_run:
-                checks.append(Check(name=name, status=Status.SKIP, threshold=bound, unit="%",
-                                    detail="fewer than two GPUs or links measured: nothing to compare"))
+                checks.append(
+                    Check(
+                        name=name,
+                        status=Status.SKIP,
+                        threshold=bound,
+                        unit="%",
+                        detail="fewer than two GPUs or links measured: nothing to compare",
+                    )
+                )
                 continue
         if source in not_run:
             status, reason = not_run[source]
-            checks.append(Check(name=name, status=status, threshold=bound, unit=unit_of(metric), detail=reason))
+            checks.append(
+                Check(name=name, status=status, threshold=bound, unit=unit_of(metric), detail=reason)
+            )
             continue
         where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
-        checks.append(Check(
-            name=name, status=Status.ERROR, threshold=bound, unit=unit_of(metric),
-            detail=f"no '{target}' measurement with metric '{metric}'{where}: the check's benchmark did not "
-                   f"measure it; fix the check name or the benchmark options"))
+        checks.append(
+            Check(
+                name=name,
+                status=Status.ERROR,
+                threshold=bound,
+                unit=unit_of(metric),
+                detail=f"no '{target}' measurement with metric '{metric}'{where}: its benchmark did not "
+                f"measure it; fix the check name or the benchmark options",
+            )
+        )
     return checks
 
 
@@ -132,14 +213,37 @@ def correctness_checks(measurements: list[Measurement]) -> list[Check]:
             grouped[(m.name, m.scope)].append(m)
     checks = []
     for (name, scope), items in grouped.items():
+        if any(m.metrics["wrong_elements"] is None for m in items):
+            checks.append(
+                Check(
+                    name=f"{name}.correct",
+                    status=Status.ERROR,
+                    threshold={"max": 0},
+                    unit="elements",
+                    scope=scope,
+                    detail="the result check produced no count: correctness unknown, rerun",
+                )
+            )
+            continue
         bad = [m for m in items if (m.metrics["wrong_elements"] or 0) > 0]
         wrong = sum(m.metrics["wrong_elements"] or 0 for m in bad)
         if bad:
             sizes = ", ".join(format_bytes(m.params["bytes"]) for m in bad)
-            detail = (f"{int(wrong)} wrong elements at {sizes}: results differ from the exact expected values; "
-                      "run it per node (--set scope=node) to isolate the node, then check NVLink/IB errors")
+            detail = (
+                f"{int(wrong)} wrong elements at {sizes}: results differ from the exact expected values; "
+                "run it per node (--set scope=node) to isolate the node, then check NVLink/IB errors"
+            )
         else:
             detail = f"exact at all {len(items)} sizes"
-        checks.append(Check(name=f"{name}.correct", status=Status.FAIL if bad else Status.PASS,
-                            value=wrong, threshold={"max": 0}, unit="elements", scope=scope, detail=detail))
+        checks.append(
+            Check(
+                name=f"{name}.correct",
+                status=Status.FAIL if bad else Status.PASS,
+                value=wrong,
+                threshold={"max": 0},
+                unit="elements",
+                scope=scope,
+                detail=detail,
+            )
+        )
     return checks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -10,18 +11,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
-import functools
-
 import typer
 from rich.console import Console
 
 from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, RunError
 
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
     help="Validate NVIDIA GPU nodes and clusters: benchmarks and an acceptance verdict.",
 )
-console = Console(stderr=False)
+# Logs and CI capture output through a pipe, where rich would fall back to 80 columns and fold the
+# check table; there, use a log-friendly width unless COLUMNS says otherwise.
+console = Console(stderr=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 150)
 err_console = Console(stderr=True)
 
 SetOption = Annotated[list[str], typer.Option("--set", help="override a field: key.path=value (repeatable)")]
@@ -37,8 +40,12 @@ def _exits(command):
     return wrapper
 
 
-NprocOption = Annotated[int | None, typer.Option(
-    "--nproc", help="local ranks when not started by torchrun/srun (default: one per GPU, 2 on a CPU)")]
+NprocOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc", help="local ranks when not started by torchrun/srun (default: one per GPU, 2 on a CPU)"
+    ),
+]
 
 
 def _default_nproc() -> int:
@@ -62,7 +69,7 @@ def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> i
         code = work()
     except GpuvalError as exc:
         if os.environ.get("RANK", "0") == "0":
-            err_console.print(f"gpuval: {exc}", markup=False, highlight=False)
+            err_console.print(f"gpuval: {exc}", markup=False, highlight=False, soft_wrap=True)
         code = exc.exit_code
     return report_exit(code)
 
@@ -70,8 +77,15 @@ def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> i
 def _progress():
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[bench]}"), BarColumn(),
-                    TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console, transient=False)
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[bench]}"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=False,
+    )
 
 
 def _on_gpu() -> bool:
@@ -83,7 +97,9 @@ def _on_gpu() -> bool:
 @app.command()
 @_exits
 def accept(
-    profile: Annotated[str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")] = None,
+    profile: Annotated[
+        str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")
+    ] = None,
     output: Annotated[Path | None, typer.Option(help="directory for result.json and junit.xml")] = None,
     quick: Annotated[bool, typer.Option(help="smaller sweeps, fewer repetitions")] = False,
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
@@ -115,14 +131,22 @@ def accept(
         runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
         try:
             if runtime.is_main and not json_:
-                err_console.print(f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                                  f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}")
+                err_console.print(
+                    f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
+                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
+                )
             if runtime.is_main:
                 with _progress() as bar:
                     tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in plan}
-                    result = run_accept(runtime, loaded, plan, quick,
-                                        lambda b, msg: bar.update(tasks[b], description=msg,
-                                                                  completed=1 if msg == "done" else 0))
+                    result = run_accept(
+                        runtime,
+                        loaded,
+                        plan,
+                        quick,
+                        lambda b, msg: bar.update(
+                            tasks[b], description=msg, completed=1 if msg == "done" else 0
+                        ),
+                    )
             else:
                 result = run_accept(runtime, loaded, plan, quick)
         finally:
@@ -182,8 +206,12 @@ def bench(
             if runtime.is_main:
                 with _progress() as bar:
                     task = bar.add_task("starting", bench=benchmark.name, total=1)
-                    outcome = run_benchmarks(runtime, {benchmark.name: options}, quick,
-                                             lambda b, msg: bar.update(task, description=msg))
+                    outcome = run_benchmarks(
+                        runtime,
+                        {benchmark.name: options},
+                        quick,
+                        lambda b, msg: bar.update(task, description=msg),
+                    )
             else:
                 outcome = run_benchmarks(runtime, {benchmark.name: options}, quick)
             world = runtime.world_info()
@@ -193,10 +221,15 @@ def bench(
             return EXIT_PASS
         status, reason = outcome.not_run.get(benchmark.name, (None, ""))
         document = {
-            "schema": "gpuval.bench/v1", "benchmark": benchmark.name, "started_at": started_at,
-            "duration_s": round(time.perf_counter() - began, 3), "world": world,
-            "status": status.value if status else "OK", "detail": reason,
-            "options": options.model_dump(mode="json"), "command": ["gpuval", *sys.argv[1:]],
+            "schema": "gpuval.bench/v1",
+            "benchmark": benchmark.name,
+            "started_at": started_at,
+            "duration_s": round(time.perf_counter() - began, 3),
+            "world": world,
+            "status": status.value if status else "OK",
+            "detail": reason,
+            "options": options.model_dump(mode="json"),
+            "command": ["gpuval", *sys.argv[1:]],
             "measurements": [m.model_dump(mode="json") for m in outcome.measurements],
         }
         text = json.dumps(document, indent=2) + "\n"
@@ -239,7 +272,7 @@ def main() -> None:
     try:
         app(prog_name="gpuval")
     except GpuvalError as exc:
-        err_console.print(f"gpuval: {exc}", markup=False, highlight=False)
+        err_console.print(f"gpuval: {exc}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("gpuval: interrupted")

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from gpuval.errors import UsageError
 from gpuval.units import parse_bytes
@@ -35,7 +43,7 @@ class Threshold(_Strict):
 
 
 class Expect(_Strict):
-    gpu_count: int | None = Field(None, ge=0, description="GPUs per node")
+    gpu_count: StrictInt | None = Field(None, ge=0, description="GPUs per node")
     gpu_name: str | None = Field(None, description="regular expression matching the whole GPU name")
     gpu_memory_gib: float | None = Field(None, gt=0, description="minimum GiB per GPU")
 
@@ -84,7 +92,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise UsageError(f"profile '{path}': broken YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise UsageError(f"profile '{path}': expected a mapping of keys at the top, got {type(data).__name__}")
+        raise UsageError(
+            f"profile '{path}': expected a mapping of keys at the top, got {type(data).__name__}"
+        )
     return data
 
 
@@ -118,8 +128,10 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
     return parts, value
 
 
-def apply_sets(data: dict[str, Any], assignments: list[str], dotted_maps: tuple[str, ...] = ("checks",)) -> None:
-    """Apply --set overrides in place. Keys of maps in `dotted_maps` hold one dot ('all_reduce.busbw_gbps')."""
+def apply_sets(
+    data: dict[str, Any], assignments: list[str], dotted_maps: tuple[str, ...] = ("checks",)
+) -> None:
+    """Apply --set overrides in place. Keys of `dotted_maps` hold one dot ('all_reduce.busbw_gbps')."""
     for assignment in assignments:
         parts, value = parse_set(assignment)
         if parts[0] in dotted_maps and len(parts) >= 3:
@@ -142,11 +154,19 @@ def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> st
         key = str(first["loc"][-1])
         known = _known_keys(model, first["loc"][:-1])
         close = difflib.get_close_matches(key, known, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(known)})" if known else ""
+        hint = (
+            f" (did you mean '{close[0]}'?)"
+            if close
+            else f" (known keys: {', '.join(known)})"
+            if known
+            else ""
+        )
         return f"{source}: unknown key '{location}'{hint}"
     if first["type"] == "missing":
         return f"{source}: missing key '{location}'"
-    return f"{source}: '{location}': {first['msg']} (got {first.get('input')!r})"
+    given = first.get("input")
+    shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+    return f"{source}: '{location}': {first['msg']}{shown}"
 
 
 def _known_keys(model: type[BaseModel], location: tuple[Any, ...]) -> list[str]:

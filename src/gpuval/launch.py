@@ -30,8 +30,14 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     # One OpenMP thread pool per rank must not oversubscribe the cores (torchrun's own default is 1).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)

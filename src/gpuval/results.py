@@ -82,12 +82,12 @@ def verdict(checks: list[Check]) -> Status:
     """FAIL if the hardware failed any check; else ERROR if any check could not be completed; else PASS.
 
     A proven hardware fault outranks an incomplete run: the node must be fixed either way. WARN and SKIP
-    never change a PASS. No checks at all is ERROR: nothing was shown to work.
+    never change a PASS. No checks at all, or only skipped ones, is ERROR: nothing was shown to work.
     """
     statuses = {check.status for check in checks}
     if Status.FAIL in statuses:
         return Status.FAIL
-    if Status.ERROR in statuses or not checks:
+    if Status.ERROR in statuses or not statuses - {Status.SKIP}:
         return Status.ERROR
     return Status.PASS
 

@@ -56,7 +56,11 @@ class Runtime:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, obj)
+        try:
+            dist.all_gather_object(gathered, obj)
+        except RuntimeError as exc:  # DistBackendError: a peer died (connection closed) or timed out
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunError(f"rank {self.rank} lost contact with the other ranks: {first}") from None
         return gathered
 
     def synchronize(self) -> None:

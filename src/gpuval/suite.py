@@ -35,18 +35,24 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
             source = metric[: -len("_pct")] if metric.endswith("_pct") else ""
             if source not in benchmarks or not benchmarks[source].outlier_metrics:
                 known = [f"outliers.{n}_pct" for n, b in benchmarks.items() if b.outlier_metrics]
-                raise UsageError(f"profile '{profile.name}': check '{check_name}' compares no benchmark; "
-                                 f"use one of: {', '.join(known)}")
+                raise UsageError(
+                    f"profile '{profile.name}': check '{check_name}' compares no benchmark; "
+                    f"use one of: {', '.join(known)}"
+                )
             needed.add(source)
         elif target in producers:
             needed.add(producers[target])
         elif target != "expect":
-            raise UsageError(f"profile '{profile.name}': check '{check_name}': nothing measures '{target}'; "
-                             f"measured: {', '.join(sorted(producers))}")
+            raise UsageError(
+                f"profile '{profile.name}': check '{check_name}': nothing measures '{target}'; "
+                f"measured: {', '.join(sorted(producers))}"
+            )
     for name in profile.benchmarks:
         if name not in benchmarks:
-            raise UsageError(f"profile '{profile.name}': benchmarks.{name}: unknown benchmark; "
-                             f"available: {', '.join(sorted(benchmarks))}")
+            raise UsageError(
+                f"profile '{profile.name}': benchmarks.{name}: unknown benchmark; "
+                f"available: {', '.join(sorted(benchmarks))}"
+            )
         needed.add(name)
 
     plan: dict[str, Any] = {}
@@ -56,10 +62,15 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
         overrides = dict(profile.benchmarks.get(name, {}))
         if name == "collectives":
             # Sizes named by thresholds are measured even when the sweep would not reach them.
-            sizes = {t.bytes for check, t in profile.checks.items() if t.bytes is not None
-                     and producers.get(check.split(".")[0]) == "collectives"}
+            sizes = {
+                t.bytes
+                for check, t in profile.checks.items()
+                if t.bytes is not None and producers.get(check.split(".")[0]) == "collectives"
+            }
             overrides["extra_sizes"] = sorted(set(overrides.get("extra_sizes", [])) | sizes)
-        plan[name] = bench.make_options(overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}")
+        plan[name] = bench.make_options(
+            overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}"
+        )
     return plan
 
 
@@ -69,7 +80,9 @@ def bench_options(name: str, assignments: dict[str, Any], quick: bool, on_gpu: b
 
 
 def run_benchmarks(
-    runtime: Any, plan: dict[str, Any], quick: bool,
+    runtime: Any,
+    plan: dict[str, Any],
+    quick: bool,
     progress: Callable[[str, str], None] = lambda bench, message: None,
 ) -> Outcome:
     import time
@@ -90,8 +103,11 @@ def run_benchmarks(
         except BenchmarkSkipped as exc:
             status = ("SKIP", str(exc))
         except Exception as exc:  # a crash inside a benchmark is an ERROR of the run, never a pass
-            status = ("ERROR", f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
-                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+            status = (
+                "ERROR",
+                f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            )
         gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status))
         outcome.durations_s[name] = time.perf_counter() - began
         statuses = [s for _, s in gathered if s is not None]

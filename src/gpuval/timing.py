@@ -7,10 +7,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 
 def measure(
-    fn: Callable[[], Any], device: Any, *, warmup: int, repeats: int, inner: int = 1,
+    fn: Callable[[], Any],
+    device: Any,
+    *,
+    warmup: int,
+    repeats: int,
+    inner: int = 1,
     before_each: Callable[[], None] | None = None,
+    warmup_s: float = 0.0,
+    min_time_s: float = 0.0,
+    max_repeats: int = 10_000,
 ) -> list[float]:
     """Seconds per call of `fn`, one value per repetition of `inner` back-to-back calls.
 
@@ -21,13 +31,21 @@ def measure(
     """
     import torch
 
+    cuda = getattr(device, "type", "cpu") == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
     for _ in range(warmup):
         fn()
-    cuda = getattr(device, "type", "cpu") == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
+    sync()
+    began = time.perf_counter()
+    while time.perf_counter() - began < warmup_s:
+        fn()
+        sync()
     times: list[float] = []
-    for _ in range(repeats):
+    while len(times) < max_repeats and (len(times) < repeats or sum(times) * inner < min_time_s):
         if before_each is not None:
             before_each()
         if cuda:
@@ -58,3 +76,29 @@ def summarize(values: list[float]) -> dict[str, float]:
         "max": high,
         "spread_pct": (high - low) / median * 100.0 if median else 0.0,
     }
+
+
+class TimedOptions(BaseModel):
+    """How long to warm up and time: the options every per-GPU benchmark shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    warmup: int = Field(3, ge=0, description="untimed calls first")
+    repeats: int = Field(10, ge=1, description="timed calls at least; the median is reported")
+    warmup_s: float = Field(0.1, ge=0, description="seconds of warm-up at least (clocks settle under load)")
+    min_time_s: float = Field(0.2, ge=0, description="seconds of timed calls at least")
+
+
+# On CPUs (CI, laptops) the point is the code path, not a settled clock: few calls, no timed warm-up.
+CPU_TIMING: dict[str, Any] = {"warmup": 1, "warmup_s": 0.0, "min_time_s": 0.0}
+
+
+def measure_with(fn: Callable[[], Any], device: Any, options: TimedOptions) -> list[float]:
+    return measure(
+        fn,
+        device,
+        warmup=options.warmup,
+        repeats=options.repeats,
+        warmup_s=options.warmup_s,
+        min_time_s=options.min_time_s,
+    )

@@ -22,6 +22,8 @@ def parse_bytes(value: int | float | str) -> int:
     if not match:
         raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
     number, prefix, suffix = match.group(1), match.group(2).upper(), (match.group(3) or "").upper()
+    if suffix == "IB" and not prefix:  # '1iB': a binary marker with no multiple to mark, likely a typo
+        raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
     factor = _DECIMAL[prefix + "B"] if suffix == "B" and prefix else _BINARY[prefix]
     result = float(number) * factor
     if result != int(result):

@@ -1,5 +1,13 @@
 """Benchmarks: one module each, each registering itself with one `register(...)` call at its end."""
 
-from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, all_benchmarks, get, load_all, register
+from gpuval.bench.registry import (
+    Benchmark,
+    BenchmarkSkipped,
+    Context,
+    all_benchmarks,
+    get,
+    load_all,
+    register,
+)
 
 __all__ = ["Benchmark", "BenchmarkSkipped", "Context", "all_benchmarks", "get", "load_all", "register"]

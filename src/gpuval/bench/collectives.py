@@ -83,13 +83,15 @@ def _all_gather(call: Call) -> None:
     dist = _dist()
     # torch >= 2.13 renamed all_gather_into_tensor; the device image (2.11) has only the old name.
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(
-        call.output, call.input, group=call.group)
+        call.output, call.input, group=call.group
+    )
 
 
 def _reduce_scatter(call: Call) -> None:
     dist = _dist()
     (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(
-        call.output, call.input, group=call.group)
+        call.output, call.input, group=call.group
+    )
 
 
 def _alltoall(call: Call) -> None:
@@ -202,14 +204,29 @@ class CollectiveOptions(BaseModel):
     iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
     repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
     scope: Literal["world", "node"] = Field("world", description="'node': each node runs alone (NVLink only)")
+    cuda_graph: bool = Field(
+        True,
+        description="GPU: replay the timed ops from a CUDA graph, so Python's "
+        "launch cost (~40 us per op) does not hide small-message latency",
+    )
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
     if on_gpu:
-        return {"min_bytes": 2**20, "max_bytes": 2**30 if quick else 2**32, "step_factor": 4 if quick else 2,
-                "repeats": 3 if quick else 5}
-    return {"min_bytes": 2**12, "max_bytes": 2**20 if quick else 2**22, "step_factor": 4,
-            "warmup": 2, "iters": 5, "repeats": 3}
+        return {
+            "min_bytes": 2**20,
+            "max_bytes": 2**30 if quick else 2**32,
+            "step_factor": 4 if quick else 2,
+            "repeats": 3 if quick else 5,
+        }
+    return {
+        "min_bytes": 2**12,
+        "max_bytes": 2**20 if quick else 2**22,
+        "step_factor": 4,
+        "warmup": 2,
+        "iters": 5,
+        "repeats": 3,
+    }
 
 
 def sweep_sizes(options: CollectiveOptions) -> list[int]:
@@ -230,6 +247,28 @@ def _group_for(ctx: Context, scope: str):
     return dist.group.WORLD, "cluster"
 
 
+def _capture(fn: Callable[[], None], count: int, group: Any, device: Any):
+    """A CUDA graph of `count` back-to-back calls, or None where capture fails (then ops run eagerly).
+
+    Every rank must agree: capture is tried everywhere and kept only if it worked on all ranks.
+    """
+    import torch
+
+    dist = _dist()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(count):
+                fn()
+        ok = 1
+    except Exception:  # noqa: BLE001 - an op or torch version that cannot be captured: time it eagerly
+        graph, ok = None, 0
+    torch.cuda.synchronize(device)
+    flag = torch.tensor([ok], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return graph if flag.item() == 1 else None
+
+
 def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measurement]:
     import torch
 
@@ -242,13 +281,20 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if n < 2:
         raise BenchmarkSkipped("one rank: a collective needs two or more GPUs (or processes) to move data")
-    modulus = max(1, min(61, _EXACT_LIMIT[options.dtype] // max(n, 1) - 1))
+    modulus = min(61, _EXACT_LIMIT[options.dtype] // n - 1)
+    if modulus < 3:
+        # Too few distinct values per rank to tell chunks apart, or sums past the dtype's exact range.
+        raise ValueError(f"{options.dtype} cannot hold exact sums over {n} ranks; use dtype=float32")
 
     def pattern(source_rank: int, offset: int, length: int):
         # Small positive integers that differ per rank and per element: sums over n ranks stay exact in
         # `dtype`, and any misrouted, dropped or stale chunk changes the result.
-        index = torch.arange(offset, offset + length, device=device, dtype=torch.int64)
-        return ((index * 3 + source_rank * 11) % modulus + 1).to(dtype)
+        # (3*i + 11*r) mod m, reduced before multiplying so int32 indices cannot overflow (half the
+        # memory of int64 at 4 GiB buffers).
+        index_dtype = torch.int32 if offset + length < 2**31 else torch.int64
+        index = torch.arange(offset, offset + length, device=device, dtype=index_dtype)
+        index.remainder_(modulus).mul_(3).add_(source_rank * 11).remainder_(modulus).add_(1)
+        return index.to(dtype)
 
     def barrier() -> None:
         dist.barrier(group=group, device_ids=[device.index] if device.type == "cuda" else None)
@@ -273,8 +319,31 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
             counts = torch.tensor([wrong], dtype=torch.int64, device=device)
             dist.all_reduce(counts, group=group)
 
-            times = measure(lambda: OPS[op_name].call(call), device, warmup=options.warmup,
-                            repeats=options.repeats, inner=options.iters, before_each=barrier)
+            graph = (
+                _capture(lambda o=op_name, c=call: OPS[o].call(c), options.iters, group, device)
+                if (options.cuda_graph and device.type == "cuda")
+                else None
+            )
+            if graph is not None:
+                times = [
+                    t / options.iters
+                    for t in measure(
+                        graph.replay,
+                        device,
+                        warmup=options.warmup,
+                        repeats=options.repeats,
+                        before_each=barrier,
+                    )
+                ]
+            else:
+                times = measure(
+                    lambda o=op_name, c=call: OPS[o].call(c),
+                    device,
+                    warmup=options.warmup,
+                    repeats=options.repeats,
+                    inner=options.iters,
+                    before_each=barrier,
+                )
             # nccl-tests reports the time averaged over ranks (its default -a 1); then the median block.
             per_rank = torch.tensor(times, dtype=torch.float64, device=device)
             dist.all_reduce(per_rank, group=group)
@@ -284,25 +353,41 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
             algbw, busbw = bandwidth_gbps(op_name, exact_bytes, median_s, n)
             if rank != 0:
                 continue  # one measurement per group, made by its first rank (all ranks timed it)
-            measurements.append(Measurement(
-                name=op_name, scope=scope,
-                params={"bytes": size, "bytes_exact": exact_bytes, "dtype": options.dtype, "ranks": n,
-                        "iters": options.iters},
-                metrics={"time_us": median_s * 1e6, "time_us_min": min(mean_times) * 1e6,
-                         "time_us_max": max(mean_times) * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw,
-                         "wrong_elements": float(counts.item())},
-                samples=options.repeats,
-            ))
+            measurements.append(
+                Measurement(
+                    name=op_name,
+                    scope=scope,
+                    params={
+                        "bytes": size,
+                        "bytes_exact": exact_bytes,
+                        "dtype": options.dtype,
+                        "ranks": n,
+                        "iters": options.iters,
+                        "cuda_graph": graph is not None,
+                    },
+                    metrics={
+                        "time_us": median_s * 1e6,
+                        "time_us_min": min(mean_times) * 1e6,
+                        "time_us_max": max(mean_times) * 1e6,
+                        "algbw_gbps": algbw,
+                        "busbw_gbps": busbw,
+                        "wrong_elements": float(counts.item()),
+                    },
+                    samples=options.repeats,
+                )
+            )
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return measurements
 
 
-register(Benchmark(
-    name="collectives",
-    summary="all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv: algbw/busbw as nccl-tests",
-    options=CollectiveOptions,
-    defaults=_defaults,
-    run=run_collectives,
-    produces=ALL_OPS,
-))
+register(
+    Benchmark(
+        name="collectives",
+        summary="all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv: nccl-tests busbw",
+        options=CollectiveOptions,
+        defaults=_defaults,
+        run=run_collectives,
+        produces=ALL_OPS,
+    )
+)

@@ -11,42 +11,48 @@ import contextlib
 import statistics
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.results import Measurement
-from gpuval.timing import measure
+from gpuval.timing import CPU_TIMING, TimedOptions, measure_with
 
 Dtype = Literal["bf16", "fp16", "tf32", "fp32", "fp8"]
 
-# Shapes (m, n, k). Squares plus skinny-k and long-k cases; fp32/tf32 run fewer since they are 2-15x slower.
-_GPU_SHAPES = [(s, s, s) for s in (2048, 4096, 6144, 8192, 10240, 12288, 16384)] + [
-    (8192, 8192, 4096), (8192, 8192, 16384), (16384, 16384, 4096), (16384, 16384, 8192), (4096, 4096, 16384),
-]
-_GPU_SHAPES_QUICK = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 16384, 8192)]
-_SLOW_DTYPES = {"fp32": [(4096, 4096, 4096), (8192, 8192, 8192)], "tf32": [(4096, 4096, 4096), (8192, 8192, 8192)]}
+# Shapes (m, n, k): m = n from 2048 to 16384, k from 4096 to 16384. On H100 the best bf16 rate came from
+# long k with m = n = 4096..6144 (benchmarks/results/, reference.json); fp32/tf32 run fewer shapes since
+# they are 2-15x slower. Smaller shapes first: the GPU heats up as the sweep goes on.
+_GPU_SHAPES = [(mn, mn, k) for mn in (2048, 4096, 6144, 8192, 12288, 16384) for k in (4096, 8192, 16384)]
+_GPU_SHAPES_QUICK = [(4096, 4096, 16384), (6144, 6144, 12288), (8192, 8192, 8192)]
+_SLOW_DTYPES = {
+    "fp32": [(4096, 4096, 4096), (8192, 8192, 8192)],
+    "tf32": [(4096, 4096, 4096), (8192, 8192, 8192)],
+}
 _CPU_SHAPES = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024)]
 _CPU_SHAPES_QUICK = [(256, 256, 256), (512, 512, 512)]
 
 
-class MatmulOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MatmulOptions(TimedOptions):
     dtypes: list[Dtype]
     shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for bf16/fp16/fp8")
     slow_shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for tf32/fp32")
-    warmup: int = Field(3, ge=0)
-    repeats: int = Field(10, ge=1, description="timed products per shape; the median is reported")
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
     if on_gpu:
-        return {"dtypes": ["bf16", "fp16", "tf32", "fp32", "fp8"],
-                "shapes": _GPU_SHAPES_QUICK if quick else _GPU_SHAPES,
-                "slow_shapes": _SLOW_DTYPES["fp32"][1:] if quick else _SLOW_DTYPES["fp32"],
-                "repeats": 5 if quick else 10}
-    return {"dtypes": ["fp32"], "shapes": _CPU_SHAPES_QUICK if quick else _CPU_SHAPES,
-            "slow_shapes": _CPU_SHAPES_QUICK if quick else _CPU_SHAPES, "warmup": 1, "repeats": 3}
+        return {
+            "dtypes": ["bf16", "fp16", "tf32", "fp32", "fp8"],
+            "shapes": _GPU_SHAPES_QUICK if quick else _GPU_SHAPES,
+            "slow_shapes": _SLOW_DTYPES["fp32"][1:] if quick else _SLOW_DTYPES["fp32"],
+            "min_time_s": 0.1 if quick else 0.2,
+        }
+    return {
+        "dtypes": ["fp32"],
+        "shapes": _CPU_SHAPES_QUICK if quick else _CPU_SHAPES,
+        "slow_shapes": _CPU_SHAPES_QUICK if quick else _CPU_SHAPES,
+        "repeats": 3,
+        **CPU_TIMING,
+    }
 
 
 def tflops(m: int, n: int, k: int, seconds: float) -> float:
@@ -57,8 +63,11 @@ def tflops(m: int, n: int, k: int, seconds: float) -> float:
 def fp8_supported(device: Any) -> bool:
     import torch
 
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and hasattr(
-        torch, "_scaled_mm")
+    return (
+        device.type == "cuda"
+        and torch.cuda.get_device_capability(device) >= (8, 9)
+        and hasattr(torch, "_scaled_mm")
+    )
 
 
 @contextlib.contextmanager
@@ -93,8 +102,12 @@ def _product(dtype: str, m: int, n: int, k: int, device: Any):
         b = torch.randn(n, k, device=device, generator=generator).to(torch.float8_e4m3fn).t()
         scale = torch.ones((), device=device)
         return lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
-                   "fp32": torch.float32}[dtype]
+    torch_dtype = {
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "tf32": torch.float32,
+        "fp32": torch.float32,
+    }[dtype]
     a = torch.randn(m, k, device=device, generator=generator, dtype=torch_dtype)
     b = torch.randn(k, n, device=device, generator=generator, dtype=torch_dtype)
     out = torch.empty(m, n, device=device, dtype=torch_dtype)
@@ -105,8 +118,11 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
     runtime = ctx.runtime
     device = runtime.device
     on_gpu = device.type == "cuda"
-    scope = f"gpu:{runtime.node_name}/{runtime.local_rank}" if on_gpu else (
-        f"cpu:{runtime.node_name}/{runtime.local_rank}")
+    scope = (
+        f"gpu:{runtime.node_name}/{runtime.local_rank}"
+        if on_gpu
+        else (f"cpu:{runtime.node_name}/{runtime.local_rank}")
+    )
     best: dict[str, float] = {}
     best_shape: dict[str, list[int]] = {}
     sweep: list[Measurement] = []
@@ -121,14 +137,23 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
             for m, n, k in shapes:
                 ctx.progress(f"matmul {dtype} {m}x{n}x{k}")
                 product = _product(dtype, m, n, k, device)
-                times = measure(product, device, warmup=options.warmup, repeats=options.repeats)
+                times = measure_with(product, device, options)
                 median_s = statistics.median(times)
                 rate = tflops(m, n, k, median_s)
-                sweep.append(Measurement(
-                    name="matmul_sweep", scope=scope, params={"dtype": dtype, "m": m, "n": n, "k": k},
-                    metrics={"tflops": rate, "time_us": median_s * 1e6,
-                             "tflops_min": tflops(m, n, k, max(times)), "tflops_max": tflops(m, n, k, min(times))},
-                    samples=len(times)))
+                sweep.append(
+                    Measurement(
+                        name="matmul_sweep",
+                        scope=scope,
+                        params={"dtype": dtype, "m": m, "n": n, "k": k},
+                        metrics={
+                            "tflops": rate,
+                            "time_us": median_s * 1e6,
+                            "tflops_min": tflops(m, n, k, max(times)),
+                            "tflops_max": tflops(m, n, k, min(times)),
+                        },
+                        samples=len(times),
+                    )
+                )
                 if rate > best.get(dtype, 0.0):
                     best[dtype], best_shape[dtype] = rate, [m, n, k]
                 del product
@@ -137,17 +162,23 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
 
         torch.cuda.empty_cache()
     summary = Measurement(
-        name="matmul", scope=scope, params={"best_shape": best_shape},
-        metrics={f"{dtype}_tflops": rate for dtype, rate in best.items()}, samples=options.repeats)
+        name="matmul",
+        scope=scope,
+        params={"best_shape": best_shape},
+        metrics={f"{dtype}_tflops": rate for dtype, rate in best.items()},
+        samples=options.repeats,
+    )
     return [summary, *sweep]
 
 
-register(Benchmark(
-    name="matmul",
-    summary="bf16/fp16/tf32/fp32/fp8 matrix-multiply TFLOP/s per GPU, best over a shape sweep",
-    options=MatmulOptions,
-    defaults=_defaults,
-    run=run_matmul,
-    produces=("matmul", "matmul_sweep"),
-    outlier_metrics=("bf16_tflops", "fp32_tflops"),
-))
+register(
+    Benchmark(
+        name="matmul",
+        summary="bf16/fp16/tf32/fp32/fp8 matrix-multiply TFLOP/s per GPU, best over a shape sweep",
+        options=MatmulOptions,
+        defaults=_defaults,
+        run=run_matmul,
+        produces=("matmul", "matmul_sweep"),
+        outlier_metrics=("bf16_tflops", "fp32_tflops"),
+    )
+)

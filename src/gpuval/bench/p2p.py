@@ -9,24 +9,20 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
 from gpuval.results import Measurement
-from gpuval.timing import measure
+from gpuval.timing import TimedOptions, measure_with
 
 
-class P2POptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class P2POptions(TimedOptions):
     bytes: ByteSize = Field(description="buffer copied per pair")
-    warmup: int = Field(2, ge=0)
-    repeats: int = Field(10, ge=1)
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
-    return {"bytes": 2**28 if quick else 2**30, "repeats": 5 if quick else 10}
+    return {"bytes": 2**28 if quick else 2**30, "warmup_s": 0.05, "min_time_s": 0.05 if quick else 0.1}
 
 
 def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
@@ -51,17 +47,30 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
                 target = torch.empty(count, device=f"cuda:{dst}")
                 with torch.cuda.device(src):
                     # Timed on the source GPU's stream, which performs the copy (cudaMemcpyPeerAsync).
-                    times = measure(lambda t=target, s=buffers[src]: t.copy_(s, non_blocking=True),
-                                    torch.device("cuda", src), warmup=options.warmup, repeats=options.repeats)
+                    times = measure_with(
+                        lambda t=target, s=buffers[src]: t.copy_(s, non_blocking=True),
+                        torch.device("cuda", src),
+                        options,
+                    )
                 torch.cuda.synchronize(dst)
-                measurements.append(Measurement(
-                    name="p2p", scope=f"link:{runtime.node_name}/gpu{src}-gpu{dst}",
-                    params={"src": src, "dst": dst, "bytes": count * 4,
-                            "peer_access": bool(torch.cuda.can_device_access_peer(src, dst))},
-                    metrics={"copy_gbps": count * 4 / statistics.median(times) / 1e9,
-                             "copy_gbps_min": count * 4 / max(times) / 1e9,
-                             "copy_gbps_max": count * 4 / min(times) / 1e9},
-                    samples=len(times)))
+                measurements.append(
+                    Measurement(
+                        name="p2p",
+                        scope=f"link:{runtime.node_name}/gpu{src}-gpu{dst}",
+                        params={
+                            "src": src,
+                            "dst": dst,
+                            "bytes": count * 4,
+                            "peer_access": bool(torch.cuda.can_device_access_peer(src, dst)),
+                        },
+                        metrics={
+                            "copy_gbps": count * 4 / statistics.median(times) / 1e9,
+                            "copy_gbps_min": count * 4 / max(times) / 1e9,
+                            "copy_gbps_max": count * 4 / min(times) / 1e9,
+                        },
+                        samples=len(times),
+                    )
+                )
                 del target
         del buffers
         torch.cuda.empty_cache()
@@ -69,12 +78,14 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
     return measurements
 
 
-register(Benchmark(
-    name="p2p",
-    summary="GPU-to-GPU copy GB/s matrix within each node",
-    options=P2POptions,
-    defaults=_defaults,
-    run=run_p2p,
-    produces=("p2p",),
-    outlier_metrics=("copy_gbps",),
-))
+register(
+    Benchmark(
+        name="p2p",
+        summary="GPU-to-GPU copy GB/s matrix within each node",
+        options=P2POptions,
+        defaults=_defaults,
+        run=run_p2p,
+        produces=("p2p",),
+        outlier_metrics=("copy_gbps",),
+    )
+)

@@ -15,6 +15,20 @@ from gpuval import __version__
 
 
 def local_gpu_names() -> list[str]:
+    """GPU names through NVML (no CUDA context in this process), else through torch."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return [
+                pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+                for index in range(pynvml.nvmlDeviceGetCount())
+            ]
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: fall back to what torch sees (nothing on a CPU machine)
+        pass
     import torch
 
     if not torch.cuda.is_available():
@@ -29,14 +43,16 @@ def node_inventory(node_name: str | None = None) -> dict[str, Any]:
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            gpus.append({
-                "index": index,
-                "name": props.name,
-                "memory_total_bytes": int(props.total_memory),
-                "compute_capability": f"{props.major}.{props.minor}",
-                "multiprocessors": props.multi_processor_count,
-                "uuid": str(getattr(props, "uuid", "")),
-            })
+            gpus.append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "memory_total_bytes": int(props.total_memory),
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "multiprocessors": props.multi_processor_count,
+                    "uuid": str(getattr(props, "uuid", "")),
+                }
+            )
     nccl = None
     if torch.cuda.is_available() and torch.distributed.is_nccl_available():
         version = torch.cuda.nccl.version()

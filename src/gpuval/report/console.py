@@ -11,27 +11,58 @@ from gpuval.checks import gap_to_median_pct
 from gpuval.results import Measurement, Result, Status
 from gpuval.units import format_bytes
 
-STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.ERROR: "bold magenta", Status.WARN: "yellow",
-         Status.SKIP: "dim"}
+STYLE = {
+    Status.PASS: "green",
+    Status.FAIL: "bold red",
+    Status.ERROR: "bold magenta",
+    Status.WARN: "yellow",
+    Status.SKIP: "dim",
+}
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 
 
 def print_result(result: Result, console: Console) -> None:
-    table = Table(title=f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
-                        f"{result.world.nodes} node(s) · {result.world.backend}", title_justify="left")
-    for column in ("status", "check", "scope", "value", "threshold", "detail"):
+    table = Table(
+        title=f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
+        f"{result.world.nodes} node(s) · {result.world.backend}",
+        title_justify="left",
+    )
+    for column in ("status", "check", "scope"):
+        table.add_column(column, no_wrap=True)
+    for column in ("value", "bound", "why / what to do"):
         table.add_column(column, overflow="fold")
     for check in sorted(result.checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
         value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
-        threshold = ", ".join(f"{k} {v}" for k, v in check.threshold.items())
-        table.add_row(f"[{STYLE[check.status]}]{check.status.value}[/]", check.name, check.scope, value,
-                      threshold, check.detail)
+        table.add_row(
+            f"[{STYLE[check.status]}]{check.status.value}[/]",
+            check.name,
+            check.scope,
+            value,
+            _bound(check.threshold),
+            "" if check.status is Status.PASS else check.detail,  # a PASS needs no explanation
+        )
     console.print(table)
     counts = defaultdict(int)
     for check in result.checks:
         counts[check.status] += 1
     summary = " · ".join(f"{counts[s]} {s.value}" for s in Status if counts[s])
-    console.print(f"[{STYLE[result.verdict]}]{result.verdict.value}[/] ({summary}) in {result.duration_s:.1f} s")
+    console.print(
+        f"[{STYLE[result.verdict]}]{result.verdict.value}[/] ({summary}) in {result.duration_s:.1f} s"
+    )
+
+
+def _bound(threshold: dict) -> str:
+    """{'min': 340, 'bytes': 1073741824} -> '>= 340 @ 1 GiB'."""
+    parts = [
+        f"{symbol} {threshold[key]:g}"
+        for key, symbol in (("min", ">="), ("max", "<="), ("equal", "="))
+        if isinstance(threshold.get(key), (int, float))
+    ]
+    if "match" in threshold:
+        parts.append(f"~ {threshold['match']}")
+    if threshold.get("bytes") is not None:
+        parts.append(f"@ {format_bytes(threshold['bytes'])}")
+    return " ".join(parts)
 
 
 def print_measurements(bench: str, measurements: list[Measurement], console: Console) -> None:
@@ -45,16 +76,22 @@ def _collectives(measurements: list[Measurement], console: Console) -> None:
         by_op[(m.name, m.scope)].append(m)
     for (op, scope), items in by_op.items():
         ranks = items[0].params.get("ranks")
-        table = Table(title=f"{op} · {scope} · {ranks} ranks · {items[0].params.get('dtype')}",
-                      title_justify="left")
+        table = Table(
+            title=f"{op} · {scope} · {ranks} ranks · {items[0].params.get('dtype')}", title_justify="left"
+        )
         for column in ("size", "time (us)", "spread (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
             table.add_column(column, justify="right")
         for m in sorted(items, key=lambda m: m.params["bytes"]):
             x = m.metrics
             wrong = int(x.get("wrong_elements") or 0)
-            table.add_row(format_bytes(m.params["bytes"]), f"{x['time_us']:.1f}",
-                          f"{x['time_us_min']:.1f}–{x['time_us_max']:.1f}", f"{x['algbw_gbps']:.2f}",
-                          f"{x['busbw_gbps']:.2f}", f"[bold red]{wrong}[/]" if wrong else "0")
+            table.add_row(
+                format_bytes(m.params["bytes"]),
+                f"{x['time_us']:.1f}",
+                f"{x['time_us_min']:.1f}–{x['time_us_max']:.1f}",
+                f"{x['algbw_gbps']:.2f}",
+                f"{x['busbw_gbps']:.2f}",
+                f"[bold red]{wrong}[/]" if wrong else "0",
+            )
         console.print(table)
 
 
@@ -67,15 +104,20 @@ def _per_gpu(metric_names: list[str], title: str, outlier_metric: str):
         for name in metrics:
             table.add_column(name, justify="right")
         for m in rows:
-            table.add_row(m.scope, *(f"{m.metrics[n]:.4g}" if m.metrics.get(n) is not None else "–" for n in metrics))
+            table.add_row(
+                m.scope, *(f"{m.metrics[n]:.4g}" if m.metrics.get(n) is not None else "–" for n in metrics)
+            )
         console.print(table)
         values = [m.metrics[outlier_metric] for m in rows if m.metrics.get(outlier_metric) is not None]
         if len(values) > 1:
             console.print(f"slowest {outlier_metric} is {gap_to_median_pct(values):.1f}% below the median")
         best = [m for m in rows if m.params.get("best_shape")]
         if best:
-            console.print(f"best shapes ({best[0].scope}): " + ", ".join(
-                f"{d} {'x'.join(map(str, s))}" for d, s in best[0].params["best_shape"].items()))
+            console.print(
+                f"best shapes ({best[0].scope}): "
+                + ", ".join(f"{d} {'x'.join(map(str, s))}" for d, s in best[0].params["best_shape"].items())
+            )
+
     return render
 
 
@@ -86,13 +128,17 @@ def _p2p(measurements: list[Measurement], console: Console) -> None:
         by_node[node][(m.params["src"], m.params["dst"])] = m.metrics["copy_gbps"]
     for node, pairs in by_node.items():
         gpus = sorted({i for pair in pairs for i in pair})
-        table = Table(title=f"p2p copy GB/s · {node} · rows = source, columns = destination", title_justify="left")
+        table = Table(
+            title=f"p2p copy GB/s · {node} · rows = source, columns = destination", title_justify="left"
+        )
         table.add_column("")
         for gpu in gpus:
             table.add_column(f"gpu{gpu}", justify="right")
         for src in gpus:
-            table.add_row(f"gpu{src}", *("–" if src == dst else f"{pairs.get((src, dst), float('nan')):.1f}"
-                                         for dst in gpus))
+            table.add_row(
+                f"gpu{src}",
+                *("–" if src == dst else f"{pairs.get((src, dst), float('nan')):.1f}" for dst in gpus),
+            )
         console.print(table)
 
 
@@ -101,15 +147,20 @@ def _generic(measurements: list[Measurement], console: Console) -> None:
     for column in ("name", "scope", "params", "metrics"):
         table.add_column(column, overflow="fold")
     for m in measurements:
-        table.add_row(m.name, m.scope, str(m.params),
-                      ", ".join(f"{k}={v:.4g}" for k, v in m.metrics.items() if v is not None))
+        table.add_row(
+            m.name,
+            m.scope,
+            str(m.params),
+            ", ".join(f"{k}={v:.4g}" for k, v in m.metrics.items() if v is not None),
+        )
     console.print(table)
 
 
 _RENDERERS = {
     "collectives": _collectives,
-    "matmul": _per_gpu(["bf16_tflops", "fp16_tflops", "fp8_tflops", "tf32_tflops", "fp32_tflops"], "matmul",
-                       "bf16_tflops"),
+    "matmul": _per_gpu(
+        ["bf16_tflops", "fp16_tflops", "fp8_tflops", "tf32_tflops", "fp32_tflops"], "matmul", "bf16_tflops"
+    ),
     "membw": _per_gpu(["copy_tbps", "read_tbps", "write_tbps", "h2d_gbps", "d2h_gbps"], "membw", "copy_tbps"),
     "p2p": _p2p,
 }

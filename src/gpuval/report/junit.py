@@ -11,22 +11,26 @@ from gpuval.results import Result, Status
 
 def junit_xml(result: Result) -> str:
     counts = {status: sum(1 for c in result.checks if c.status is status) for status in Status}
-    suite = ET.Element("testsuite", {
-        "name": f"gpuval.{result.profile}",
-        "tests": str(len(result.checks)),
-        "failures": str(counts[Status.FAIL]),
-        "errors": str(counts[Status.ERROR]),
-        "skipped": str(counts[Status.SKIP]),
-        "time": f"{result.duration_s:.3f}",
-        "timestamp": result.started_at,
-    })
+    suite = ET.Element(
+        "testsuite",
+        {
+            "name": f"gpuval.{result.profile}",
+            "tests": str(len(result.checks)),
+            "failures": str(counts[Status.FAIL]),
+            "errors": str(counts[Status.ERROR]),
+            "skipped": str(counts[Status.SKIP]),
+            "time": f"{result.duration_s:.3f}",
+            "timestamp": result.started_at,
+        },
+    )
     for check in result.checks:
         case = ET.SubElement(suite, "testcase", {"classname": check.scope, "name": check.name})
         value = "" if check.value is None else f"{check.value:.6g} {check.unit}".strip()
         message = check.detail or value
         if check.status is Status.FAIL:
-            ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = (
-                f"value {value}, threshold {check.threshold}")
+            ET.SubElement(
+                case, "failure", {"message": message, "type": "threshold"}
+            ).text = f"value {value}, threshold {check.threshold}"
         elif check.status is Status.ERROR:
             ET.SubElement(case, "error", {"message": message, "type": "error"})
         elif check.status is Status.SKIP:

@@ -1,0 +1,321 @@
+"""checks.py: thresholds, outliers against the median, exact-result checks; values worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuval.checks import (
+    correctness_checks,
+    gap_to_median_pct,
+    hint_for,
+    outlier_measurements,
+    threshold_checks,
+    unit_of,
+)
+from gpuval.config import Profile
+from gpuval.results import Measurement, Status
+
+PRODUCERS = {"all_reduce": "collectives", "all_gather": "collectives", "matmul": "matmul", "membw": "membw"}
+
+
+def profile(**checks) -> Profile:
+    return Profile.model_validate({"name": "test", "checks": checks})
+
+
+def coll(name: str, size: int, scope: str = "cluster", wrong: float = 0.0, **metrics) -> Measurement:
+    return Measurement(
+        name=name,
+        scope=scope,
+        params={"bytes": size, "bytes_exact": size, "ranks": 4},
+        metrics={"wrong_elements": wrong, **metrics},
+        samples=3,
+    )
+
+
+SWEEP = [
+    coll("all_reduce", 4096, busbw_gbps=10.0, time_us=40.0),
+    coll("all_reduce", 2**20, busbw_gbps=120.0, time_us=60.0),
+]
+
+
+def judge(checks: dict, measurements=SWEEP, not_run=None):
+    return threshold_checks(profile(**checks), measurements, not_run or {}, PRODUCERS)
+
+
+# ---- thresholds -------------------------------------------------------------------------------------------
+
+
+def test_bytes_selects_exactly_one_size_pass():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 100, "bytes": "1MiB"}})
+    assert check.status is Status.PASS
+    assert check.value == 120.0
+    assert check.unit == "GB/s"
+    assert check.threshold == {"min": 100.0, "bytes": 2**20}
+    assert check.detail == "120 GB/s at 1 MiB, required >= 100"
+
+
+def test_min_fail():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 200, "bytes": 2**20}})
+    assert check.status is Status.FAIL
+    assert check.value == 120.0
+    assert check.scope == "cluster"
+    assert check.detail == (
+        "120 GB/s at 1 MiB on cluster, required >= 200: check NVLink/InfiniBand state and errors "
+        "(nvidia-smi nvlink -e, ibstat), topology (nvidia-smi topo -m) and NCCL_* settings; "
+        "--set benchmarks.collectives.scope=node finds the node"
+    )
+
+
+def test_nan_value_is_an_error_not_a_pass():
+    nan = [coll("all_reduce", 2**20, busbw_gbps=float("nan"), time_us=60.0)]
+    [low] = judge({"all_reduce.busbw_gbps": {"min": 1, "bytes": "1MiB"}}, nan)
+    [high] = judge({"all_reduce.busbw_gbps": {"max": 1, "bytes": "1MiB"}}, nan)
+    assert low.status is Status.ERROR and high.status is Status.ERROR
+    assert "no value" in low.detail
+
+
+def test_min_warn_level():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 200, "bytes": "1MiB", "level": "warn"}})
+    assert check.status is Status.WARN
+    assert "level" not in check.threshold
+
+
+def test_bytes_selects_the_small_size():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 5, "bytes": "4KiB"}})
+    assert (check.status, check.value) == (Status.PASS, 10.0)
+
+
+def test_without_bytes_every_size_is_judged():
+    checks = judge({"all_reduce.busbw_gbps": {"min": 50}})
+    assert [(c.value, c.status) for c in checks] == [(10.0, Status.FAIL), (120.0, Status.PASS)]
+
+
+def test_max_bound():
+    checks = judge({"all_reduce.time_us": {"max": 50}})
+    assert [(c.value, c.status) for c in checks] == [(40.0, Status.PASS), (60.0, Status.FAIL)]
+    assert checks[0].unit == "us"
+    assert checks[1].detail == f"60 us on cluster, required <= 50: {hint_for('all_reduce', 'time_us')}"
+
+
+def test_min_and_max_bound():
+    checks = judge({"all_reduce.time_us": {"min": 45, "max": 70, "level": "warn"}})
+    assert [c.status for c in checks] == [Status.WARN, Status.PASS]
+    assert (
+        checks[0].detail == f"40 us on cluster, required >= 45 and <= 70: {hint_for('all_reduce', 'time_us')}"
+    )
+    assert checks[1].detail == "60 us, required >= 45 and <= 70"
+
+
+def test_bound_is_inclusive():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 120, "max": 120, "bytes": "1MiB"}})
+    assert check.status is Status.PASS
+
+
+def test_no_measurement_at_that_size_is_error():
+    [check] = judge({"all_reduce.busbw_gbps": {"min": 1, "bytes": "2MiB"}})
+    assert check.status is Status.ERROR
+    assert check.value is None
+    assert "at 2 MiB" in check.detail and "no 'all_reduce' measurement" in check.detail
+
+
+def test_metric_never_measured_is_error():
+    [check] = judge({"all_reduce.busbw_tbps": {"min": 1}})
+    assert check.status is Status.ERROR
+    assert "metric 'busbw_tbps'" in check.detail
+
+
+def test_no_measurements_at_all_is_error_never_pass():
+    checks = judge({"all_reduce.busbw_gbps": {"min": 0}, "matmul.fp32_tflops": {"min": 0}}, measurements=[])
+    assert [c.status for c in checks] == [Status.ERROR, Status.ERROR]
+
+
+def test_value_missing_is_error():
+    m = Measurement(name="matmul", scope="gpu:n1/0", metrics={"fp32_tflops": None})
+    [check] = judge({"matmul.fp32_tflops": {"min": 1}}, measurements=[m])
+    assert check.status is Status.ERROR
+    assert "produced no value" in check.detail
+
+
+def test_skipped_benchmark_gives_skip_with_reason():
+    reason = "one rank: a collective needs two or more GPUs (or processes) to move data"
+    checks = judge(
+        {"all_reduce.busbw_gbps": {"min": 1, "bytes": "1MiB"}, "all_gather.busbw_gbps": {"min": 1}},
+        measurements=[],
+        not_run={"collectives": (Status.SKIP, reason)},
+    )
+    assert [(c.name, c.status, c.detail) for c in checks] == [
+        ("all_reduce.busbw_gbps", Status.SKIP, reason),
+        ("all_gather.busbw_gbps", Status.SKIP, reason),
+    ]
+
+
+def test_failed_benchmark_gives_error_with_reason():
+    reason = "matmul failed on rank 1: RuntimeError: boom"
+    [check] = judge(
+        {"matmul.fp32_tflops": {"min": 1}}, measurements=[], not_run={"matmul": (Status.ERROR, reason)}
+    )
+    assert (check.status, check.detail, check.unit) == (Status.ERROR, reason, "TFLOP/s")
+
+
+def test_other_benchmark_skipped_does_not_excuse_missing_data():
+    [check] = judge(
+        {"matmul.fp32_tflops": {"min": 1}},
+        measurements=[],
+        not_run={"collectives": (Status.SKIP, "one rank")},
+    )
+    assert check.status is Status.ERROR
+
+
+# ---- outliers ---------------------------------------------------------------------------------------------
+
+
+def gpus(values, metric="fp32_tflops", name="matmul"):
+    return [Measurement(name=name, scope=f"gpu:node1/{i}", metrics={metric: v}) for i, v in enumerate(values)]
+
+
+def test_gap_to_median_by_hand():
+    assert gap_to_median_pct([100, 98, 90, 99]) == pytest.approx((98.5 - 90) / 98.5 * 100)  # 8.6294...
+    assert gap_to_median_pct([100, 98, 90, 99]) == pytest.approx(8.629441624365482, rel=1e-12)
+    assert gap_to_median_pct([10, 20, 30]) == pytest.approx(50.0)
+    assert gap_to_median_pct([1, 2]) == pytest.approx(100 / 3)
+    assert gap_to_median_pct([5, 5, 5]) == 0.0
+    assert gap_to_median_pct([0, 0]) == 0.0
+
+
+def test_outlier_names_slowest_scope():
+    [m] = outlier_measurements(gpus([100, 98, 90, 99]), {"matmul": ("bf16_tflops", "fp32_tflops")})
+    assert m.name == "outliers"
+    assert m.scope == "gpu:node1/2"
+    assert m.metrics == {"matmul_pct": pytest.approx((98.5 - 90) / 98.5 * 100)}
+    assert m.params == {
+        "benchmark": "matmul",
+        "metric": "fp32_tflops",
+        "slowest": "gpu:node1/2",
+        "slowest_value": 90,
+        "median": 98.5,
+        "count": 4,
+    }
+    assert m.samples == 4
+
+
+def test_outlier_uses_first_measured_candidate():
+    measured = gpus([100, 50]) + gpus([400, 396], metric="bf16_tflops")
+    [m] = outlier_measurements(measured, {"matmul": ("bf16_tflops", "fp32_tflops")})
+    assert m.params["metric"] == "bf16_tflops"
+    assert m.metrics["matmul_pct"] == pytest.approx((398 - 396) / 398 * 100)
+
+
+def test_outlier_needs_two_points():
+    assert outlier_measurements(gpus([100]), {"matmul": ("fp32_tflops",)}) == []
+    assert outlier_measurements([], {"matmul": ("fp32_tflops",)}) == []
+
+
+def test_outlier_threshold_fail_names_the_gpu():
+    measured = gpus([100, 98, 90, 99])
+    measured += outlier_measurements(measured, {"matmul": ("fp32_tflops",)})
+    [check] = judge({"outliers.matmul_pct": {"max": 5}}, measurements=measured)
+    assert check.status is Status.FAIL
+    assert check.value == pytest.approx(8.629441624365482)
+    assert check.unit == "%"
+    assert check.scope == "gpu:node1/2"
+    assert check.detail == (
+        "gpu:node1/2 is 8.6% below the median fp32_tflops (90 vs 98.5); check its clocks, power and cooling"
+    )
+
+
+def test_outlier_threshold_warn_and_pass():
+    measured = gpus([100, 98, 90, 99])
+    measured += outlier_measurements(measured, {"matmul": ("fp32_tflops",)})
+    [warn] = judge({"outliers.matmul_pct": {"max": 5, "level": "warn"}}, measurements=measured)
+    [ok] = judge({"outliers.matmul_pct": {"max": 10}}, measurements=measured)
+    assert (warn.status, ok.status) == (Status.WARN, Status.PASS)
+
+
+def test_outlier_with_one_gpu_is_skip():
+    [check] = judge({"outliers.matmul_pct": {"max": 5}}, measurements=gpus([100]))
+    assert check.status is Status.SKIP
+    assert "fewer than two" in check.detail
+
+
+def test_outlier_of_failed_benchmark_is_error():
+    [check] = judge(
+        {"outliers.matmul_pct": {"max": 5}},
+        measurements=[],
+        not_run={"matmul": (Status.ERROR, "matmul failed on rank 0: boom")},
+    )
+    assert (check.status, check.detail) == (Status.ERROR, "matmul failed on rank 0: boom")
+
+
+# ---- exact collective results -----------------------------------------------------------------------------
+
+
+def test_correctness_pass():
+    [check] = correctness_checks([coll("all_reduce", 4096), coll("all_reduce", 2**20)])
+    assert (check.name, check.status, check.value) == ("all_reduce.correct", Status.PASS, 0)
+    assert check.threshold == {"max": 0}
+    assert check.detail == "exact at all 2 sizes"
+
+
+def test_correctness_fail_names_the_size():
+    measured = [
+        coll("all_reduce", 4096),
+        coll("all_reduce", 16384, wrong=3),
+        coll("all_reduce", 2**20, wrong=2),
+    ]
+    [check] = correctness_checks(measured)
+    assert check.status is Status.FAIL
+    assert check.value == 5
+    assert check.unit == "elements"
+    assert check.detail.startswith("5 wrong elements at 16 KiB, 1 MiB: ")
+    assert "scope=node" in check.detail
+
+
+def test_correctness_per_op_and_scope():
+    measured = [
+        coll("all_reduce", 4096, scope="node:a"),
+        coll("all_reduce", 4096, scope="node:b", wrong=1),
+        coll("all_gather", 4096, scope="node:a"),
+        Measurement(name="matmul", scope="gpu:a/0", metrics={"fp32_tflops": 1.0}),
+    ]
+    checks = correctness_checks(measured)
+    assert [(c.name, c.scope, c.status) for c in checks] == [
+        ("all_reduce.correct", "node:a", Status.PASS),
+        ("all_reduce.correct", "node:b", Status.FAIL),
+        ("all_gather.correct", "node:a", Status.PASS),
+    ]
+
+
+def test_correctness_nothing_to_check():
+    assert correctness_checks([]) == []
+
+
+@pytest.mark.parametrize(
+    ("metric", "unit"),
+    [
+        ("busbw_gbps", "GB/s"),
+        ("copy_tbps", "TB/s"),
+        ("fp32_tflops", "TFLOP/s"),
+        ("matmul_pct", "%"),
+        ("time_us", "us"),
+        ("duration_s", "s"),
+        ("memory_gib", "GiB"),
+        ("wrong_count", ""),
+        ("other", ""),
+    ],
+)
+def test_unit_of(metric, unit):
+    assert unit_of(metric) == unit
+
+
+@pytest.mark.parametrize(
+    ("name", "metric", "expected"),
+    [
+        ("matmul", "bf16_tflops", "power limit"),
+        ("membw", "copy_tbps", "ROW_REMAPPER"),
+        ("membw", "h2d_gbps", "PCIe"),
+        ("p2p", "copy_gbps", "nvlink"),
+        ("sendrecv", "busbw_gbps", "topo -m"),
+    ],
+)
+def test_every_failure_gets_a_hint_for_its_hardware(name, metric, expected):
+    assert expected in hint_for(name, metric)

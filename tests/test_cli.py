@@ -1,0 +1,178 @@
+"""The CLI on bad input, as a user meets it: exit 2, one 'gpuval: ...' line, no traceback, no result files.
+
+Every case here is rejected before any rank starts, so each child process lives well under a second or two.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuval.results import json_schema
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "out"
+
+
+def _no_results(out: Path) -> None:
+    assert not (out / "result.json").exists()
+    assert not (out / "junit.xml").exists()
+
+
+def test_broken_yaml_profile(gpuval, assert_usage_error, write_profile, tmp_path, out):
+    path = write_profile("name: x\nexpect:\n  gpu_count: 8: 9\n", "broken.yaml")
+    proc = gpuval(["accept", "--profile", str(path), "--output", str(out), "--nproc", "1"], tmp_path)
+    line = assert_usage_error(proc, "broken YAML at line 3, column 15", str(path))
+    assert proc.stdout == ""
+    assert line.count("gpuval:") == 1
+    _no_results(out)
+
+
+def test_unknown_key_in_profile(gpuval, assert_usage_error, write_profile, tmp_path, out):
+    path = write_profile("name: x\nexpect:\n  gpu_cout: 8\n")
+    proc = gpuval(["accept", "--profile", str(path), "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "unknown key 'expect.gpu_cout'", "did you mean 'gpu_count'")
+    assert proc.stdout == ""
+    _no_results(out)
+
+
+def test_unknown_key_in_a_check_threshold(gpuval, assert_usage_error, write_profile, tmp_path, out):
+    path = write_profile("name: x\nchecks:\n  matmul.bf16_tflops: {mni: 700}\n")
+    proc = gpuval(["accept", "--profile", str(path), "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "unknown key 'checks.matmul.bf16_tflops.mni'", "did you mean 'min'")
+    _no_results(out)
+
+
+def test_unknown_benchmark_name(gpuval, assert_usage_error, tmp_path):
+    proc = gpuval(["bench", "matmull", "--nproc", "1"], tmp_path)
+    assert_usage_error(
+        proc, "unknown benchmark 'matmull'", "did you mean 'matmul'", "collectives, matmul, membw"
+    )
+    assert proc.stdout == ""
+
+
+def test_unknown_benchmark_name_with_default_nproc(gpuval, assert_usage_error, tmp_path):
+    proc = gpuval(["bench", "matmull"], tmp_path)
+    assert_usage_error(proc, "did you mean 'matmul'")
+
+
+def test_missing_profile_file(gpuval, assert_usage_error, tmp_path, out):
+    missing = tmp_path / "missing.yaml"
+    proc = gpuval(["accept", "--profile", str(missing), "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, str(missing), "does not exist")
+    _no_results(out)
+
+
+def test_unknown_profile_name(gpuval, assert_usage_error, tmp_path, out):
+    proc = gpuval(["accept", "--profile", "h200-sx", "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "unknown profile 'h200-sx'", "did you mean 'h200-sxm'")
+    _no_results(out)
+
+
+def test_set_wrong_type(gpuval, assert_usage_error, tmp_path, out):
+    proc = gpuval(
+        ["accept", "--profile", "cpu", "--set", "expect.gpu_count=many", "--output", str(out)], tmp_path
+    )
+    assert_usage_error(proc, "'expect.gpu_count'", "'many'")
+    _no_results(out)
+
+
+def test_set_wrong_type_with_detected_profile_and_default_nproc(gpuval, assert_usage_error, tmp_path, out):
+    # no --profile: the CPU profile is picked; the parent rejects the value before it starts the ranks
+    proc = gpuval(["accept", "--set", "expect.gpu_count=many", "--output", str(out)], tmp_path)
+    assert_usage_error(proc, "'expect.gpu_count'")
+    _no_results(out)
+
+
+def test_set_unknown_key(gpuval, assert_usage_error, tmp_path, out):
+    proc = gpuval(
+        ["accept", "--profile", "cpu", "--set", "checks.matmul.fp32_tflops.mni=3", "--output", str(out)],
+        tmp_path,
+    )
+    assert_usage_error(proc, "unknown key 'checks.matmul.fp32_tflops.mni'", "did you mean 'min'")
+    _no_results(out)
+
+
+def test_set_without_equals(gpuval, assert_usage_error, tmp_path, out):
+    proc = gpuval(["accept", "--profile", "cpu", "--set", "expect.gpu_count", "--output", str(out)], tmp_path)
+    assert_usage_error(proc, "key.path=value")
+    _no_results(out)
+
+
+def test_check_on_something_nothing_measures(gpuval, assert_usage_error, write_profile, tmp_path, out):
+    path = write_profile("name: x\nchecks:\n  warp_drive.speed_gbps: {min: 1}\n")
+    proc = gpuval(["accept", "--profile", str(path), "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "warp_drive.speed_gbps", "nothing measures 'warp_drive'")
+    _no_results(out)
+
+
+def test_bench_option_of_wrong_type(gpuval, assert_usage_error, tmp_path):
+    proc = gpuval(["bench", "matmul", "--set", "repeats=many", "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "bench matmul", "'repeats'", "'many'")
+
+
+# --- output that cannot be written (tests may run as root: a path under a regular file blocks even root) ---
+
+
+@pytest.mark.parametrize("nproc", [["--nproc", "1"], []], ids=["one-rank", "default-ranks"])
+def test_accept_output_under_a_regular_file(gpuval, assert_usage_error, tmp_path, nproc):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = blocker / "results"
+    proc = gpuval(["accept", "--quick", "--output", str(out), *nproc], tmp_path)
+    assert_usage_error(proc, f"output directory '{out}' cannot be written", "--output")
+    assert proc.stdout == ""
+    assert blocker.read_text() == "not a directory"
+
+
+def test_errors_with_json_flag_keep_stdout_empty(gpuval, assert_usage_error, tmp_path, out):
+    proc = gpuval(["accept", "--json", "--profile", "cpuu", "--output", str(out), "--nproc", "1"], tmp_path)
+    assert_usage_error(proc, "unknown profile 'cpuu'")
+    assert proc.stdout == ""
+
+
+def test_console_script_behaves_like_python_m(gpuval, assert_usage_error, tmp_path):
+    script = Path(sys.executable).parent / "gpuval"
+    if not script.exists():
+        pytest.skip("no console script next to this interpreter")
+    proc = gpuval(["bench", "matmull"], tmp_path, program=[str(script)])
+    assert_usage_error(proc, "unknown benchmark 'matmull'", "did you mean 'matmul'")
+
+
+# --- option parsing errors belong to click: still exit 2 and no traceback -------------------------
+
+
+@pytest.mark.parametrize("args", [["accept", "--nproc", "two"], ["accept", "--bogus"], ["no-such-command"]])
+def test_option_parsing_errors_exit_2(gpuval, tmp_path, args):
+    proc = gpuval(args, tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "gpuval-results").exists()
+
+
+# --- the informational commands -------------------------------------------------------------------
+
+
+def test_schema_command_prints_the_shipped_schema(gpuval, tmp_path):
+    proc = gpuval(["schema"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json_schema()
+
+
+def test_profiles_command_lists_the_builtins(gpuval, tmp_path):
+    proc = gpuval(["profiles"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("cpu", "h100-sxm", "h200-sxm"):
+        assert f"{name}:" in proc.stdout
+
+
+def test_bench_without_a_name_lists_benchmarks(gpuval, tmp_path):
+    proc = gpuval(["bench"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for name in ("collectives", "matmul", "membw", "p2p"):
+        assert f"{name}:" in proc.stdout

@@ -1,0 +1,301 @@
+"""runtime.py: rank layout from torchrun / Slurm / plain environments; a process group of one; and a rank
+that dies mid-run under `gpuval ... --nproc 2` (killed by tests/dist/killhook/sitecustomize.py).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import cli_env, run_cli
+
+from gpuval import runtime as rt
+from gpuval.errors import RunError
+from gpuval.runtime import distributed_env, launcher_env, node_name
+
+KILLHOOK = Path(__file__).parent / "dist" / "killhook"
+TORCHRUN_ENV = {
+    "RANK": "5",
+    "WORLD_SIZE": "8",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29400",
+}
+SLURM_ENV = {
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_NTASKS_PER_NODE": "2(x2)",
+    "SLURM_NNODES": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_LOCALID": "1",
+    "SLURM_STEP_ID": "0",
+    "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3",
+    "SLURM_JOB_ID": "123456",
+}
+SINGLE = {
+    "launcher": "single",
+    "rank": 0,
+    "world_size": 1,
+    "local_rank": 0,
+    "local_world_size": 1,
+    "node_rank": 0,
+    "master_addr": "127.0.0.1",
+    "master_port": "0",
+}
+
+
+def test_torchrun_env():
+    assert distributed_env(TORCHRUN_ENV) == {
+        "launcher": "torchrun",
+        "rank": 5,
+        "world_size": 8,
+        "local_rank": 1,
+        "local_world_size": 4,
+        "node_rank": 1,
+        "master_addr": "10.0.0.1",
+        "master_port": "29400",
+    }
+
+
+def test_torchrun_env_minimal():
+    # without GROUP_RANK the node is rank // local world size; defaults for the rest
+    env = {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    assert distributed_env(env) == {
+        "launcher": "torchrun",
+        "rank": 6,
+        "world_size": 8,
+        "local_rank": 2,
+        "local_world_size": 4,
+        "node_rank": 1,
+        "master_addr": "127.0.0.1",
+        "master_port": "29500",
+    }
+
+
+def test_slurm_env():
+    assert distributed_env(SLURM_ENV) == {
+        "launcher": "slurm",
+        "rank": 3,
+        "world_size": 4,
+        "local_rank": 1,
+        "local_world_size": 2,
+        "node_rank": 1,
+        "master_addr": "10.1.2.3",
+        "master_port": "23456",
+    }  # 20000 + 123456 % 20000
+
+
+def test_slurm_env_first_rank():
+    env = {**SLURM_ENV, "SLURM_PROCID": "0", "SLURM_NODEID": "0", "SLURM_LOCALID": "0"}
+    got = distributed_env(env)
+    assert (got["rank"], got["local_rank"], got["node_rank"]) == (0, 0, 0)
+
+
+def test_slurm_env_master_from_environment_wins():
+    env = {**SLURM_ENV, "MASTER_ADDR": "head", "MASTER_PORT": "31000"}
+    got = distributed_env(env)
+    assert (got["master_addr"], got["master_port"]) == ("head", "31000")
+
+
+def test_slurm_tasks_per_node_missing_or_uneven():
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_NTASKS_PER_NODE"}
+    assert distributed_env(env)["local_world_size"] == 2  # 4 tasks / 2 nodes
+    assert distributed_env({**SLURM_ENV, "SLURM_NTASKS_PER_NODE": "4"})["local_world_size"] == 4
+    assert distributed_env({**SLURM_ENV, "SLURM_NTASKS_PER_NODE": "3,1"})["local_world_size"] == 2
+
+
+def test_slurm_job_id_missing_gives_base_port():
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_JOB_ID"}
+    assert distributed_env(env)["master_port"] == "20000"
+
+
+def test_slurm_master_from_scontrol(monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen["cmd"] = cmd
+        return SimpleNamespace(stdout="node7\nnode8\n")
+
+    monkeypatch.setattr(rt.subprocess, "run", fake_run)
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_LAUNCH_NODE_IPADDR"}
+    env["SLURM_STEP_NODELIST"] = "node[7-8]"
+    assert distributed_env(env)["master_addr"] == "node7"
+    assert seen["cmd"] == ["scontrol", "show", "hostnames", "node[7-8]"]
+
+
+def test_slurm_master_without_scontrol(monkeypatch):
+    def missing(cmd, **kwargs):
+        raise FileNotFoundError("scontrol")
+
+    monkeypatch.setattr(rt.subprocess, "run", missing)
+    env = {k: v for k, v in SLURM_ENV.items() if k != "SLURM_LAUNCH_NODE_IPADDR"}
+    assert distributed_env(env)["master_addr"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"PATH": "/usr/bin", "HOME": "/root"},
+        {k: v for k, v in SLURM_ENV.items() if k != "SLURM_STEP_ID"},  # the batch script itself, not srun
+        {**SLURM_ENV, "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},  # one task
+        {"RANK": "0"},  # half a torchrun environment
+    ],
+)
+def test_plain_env_is_single(env):
+    assert distributed_env(env) == SINGLE
+    assert launcher_env(env) == "single"
+
+
+def test_torchrun_inside_slurm_is_torchrun():
+    assert launcher_env({**SLURM_ENV, **TORCHRUN_ENV}) == "torchrun"
+    assert distributed_env({**SLURM_ENV, **TORCHRUN_ENV})["rank"] == 5
+
+
+def test_distributed_env_reads_os_environ(no_launcher_env, monkeypatch):
+    assert distributed_env() == SINGLE
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    assert distributed_env()["rank"] == 5
+
+
+def test_node_name_precedence():
+    assert node_name({"GPUVAL_NODE_NAME": "a", "SLURMD_NODENAME": "b"}) == "a"
+    assert node_name({"SLURMD_NODENAME": "b"}) == "b"
+    assert node_name({}) == __import__("socket").gethostname()
+
+
+def test_init_runtime_single_process(no_launcher_env, monkeypatch):
+    monkeypatch.setenv("GPUVAL_NODE_NAME", "testnode")
+    runtime = rt.init_runtime(timeout_s=30, backend="gloo")
+    try:
+        layout = (runtime.rank, runtime.world_size, runtime.local_rank, runtime.local_world_size)
+        assert layout == (0, 1, 0, 1)
+        assert runtime.launcher == "single" and runtime.backend == "gloo"
+        assert runtime.device.type == "cpu" and not runtime.on_gpu
+        assert runtime.is_main and runtime.num_nodes == 1
+        assert runtime.node_names == ["testnode"]
+        assert runtime.all_gather_object({"x": 1}) == [{"x": 1}]
+        assert runtime.world_info() == {"size": 1, "nodes": 1, "backend": "gloo"}
+    finally:
+        runtime.shutdown()
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_all_gather_object_lost_peer_is_run_error(monkeypatch):
+    import torch.distributed as dist
+
+    def broken(gathered, obj):
+        raise dist.DistBackendError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1420\nmore")
+
+    monkeypatch.setattr(dist, "all_gather_object", broken)
+    runtime = rt.Runtime(
+        rank=2,
+        world_size=4,
+        local_rank=2,
+        local_world_size=4,
+        node_rank=0,
+        node_name="n",
+        backend="gloo",
+        device=None,
+        launcher="torchrun",
+        timeout_s=10,
+    )
+    with pytest.raises(RunError, match=r"^rank 2 lost contact with the other ranks: .*closed by peer"):
+        runtime.all_gather_object(None)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A rank dies mid-run: exit 3, one 'gpuval:' line naming it last, no traceback, no output file.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _gpuval(args: list[str], cwd: Path, kill_rank: str | None) -> subprocess.CompletedProcess:
+    # gloo on CPUs (cli_env hides the GPUs), also on a GPU machine; 80 columns: the one-line message
+    # must stay one line in a narrow terminal too
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(KILLHOOK), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+    )
+    if kill_rank is not None:
+        env["GPUVAL_TEST_KILL_RANK"] = kill_rank
+    return run_cli(args, cwd, env=env)
+
+
+def _assert_dead_rank_reported(proc: subprocess.CompletedProcess) -> None:
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 3, output
+    assert "Traceback" not in output, output
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("gpuval:"), output
+    assert "rank 1" in last and "died" in last, last
+
+
+def test_killhook_inert_without_matching_rank(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(KILLHOOK), "RANK": "0", "GPUVAL_TEST_KILL_RANK": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, sitecustomize; print('torch' in sys.modules)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
+
+
+def test_dead_rank_bench(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _gpuval(
+        [
+            "bench",
+            "collectives",
+            "--nproc",
+            "2",
+            "--set",
+            "min_bytes=4KiB",
+            "--set",
+            "max_bytes=16KiB",
+            "--set",
+            "warmup=1",
+            "--set",
+            "iters=1",
+            "--set",
+            "repeats=1",
+            "--output",
+            str(out),
+        ],
+        tmp_path,
+        kill_rank="1",
+    )
+    _assert_dead_rank_reported(proc)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dead_rank_accept(tmp_path):
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(
+        "name: tiny\n"
+        "runtime: {timeout_s: 60}\n"
+        "checks:\n"
+        "  all_reduce.busbw_gbps: {min: 0.000001, bytes: 4KiB}\n"
+        "benchmarks:\n"
+        "  collectives: {min_bytes: 4KiB, max_bytes: 4KiB, warmup: 0, iters: 1, repeats: 1}\n"
+    )
+    results = tmp_path / "results"
+    proc = _gpuval(
+        ["accept", "--profile", str(profile), "--output", str(results), "--nproc", "2"],
+        tmp_path,
+        kill_rank="1",
+    )
+    _assert_dead_rank_reported(proc)
+    assert not (results / "result.json").exists()
+    assert not (results / "junit.xml").exists()
