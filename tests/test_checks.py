@@ -219,7 +219,8 @@ def test_outlier_threshold_fail_names_the_gpu():
     assert check.unit == "%"
     assert check.scope == "gpu:node1/2"
     assert check.detail == (
-        "gpu:node1/2 is 8.6% below the median fp32_tflops (90 vs 98.5); check its clocks, power and cooling"
+        "gpu:node1/2 is 8.6% below the median fp32_tflops (90 vs 98.5): check clocks, power limit and "
+        "throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER)"
     )
 
 

@@ -134,7 +134,8 @@ def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshol
             detail = (
                 f"{measurement.params['slowest']} is {value:.1f}% below the median "
                 f"{measurement.params['metric']} ({measurement.params['slowest_value']:.4g} vs "
-                f"{measurement.params['median']:.4g}); check its clocks, power and cooling"
+                f"{measurement.params['median']:.4g}): "
+                f"{hint_for(measurement.params['benchmark'], measurement.params['metric'])}"
             )
     return Check(
         name=name,

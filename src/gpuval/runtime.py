@@ -31,6 +31,7 @@ class Runtime:
     launcher: str  # "single" | "torchrun" | "slurm"
     timeout_s: float
     node_names: list[str] = field(default_factory=list)  # index = node_rank
+    _host_group: Any = field(default=None, repr=False)  # gloo group for host_barrier, made on first use
 
     @property
     def is_main(self) -> bool:
@@ -51,6 +52,22 @@ class Runtime:
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+    def host_barrier(self) -> None:
+        """Wait for every rank without touching a GPU (gloo over the same rendezvous).
+
+        An NCCL barrier is a kernel that spins on the waiting GPU; while one rank measures GPU-to-GPU
+        copies, that spinning kernel on the destination GPU cut gpu0->gpu1 copies to a third (117 vs
+        378 GB/s on the lent 2xH200, benchmarks/results/h200x2-2026-11-21/accept-quick.json).
+        """
+        import torch.distributed as dist
+
+        if not self.on_gpu:
+            dist.barrier()
+            return
+        if self._host_group is None:
+            self._host_group = dist.new_group(backend="gloo")
+        dist.barrier(group=self._host_group)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         import torch.distributed as dist

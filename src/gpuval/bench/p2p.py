@@ -35,7 +35,7 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
     if gpus < 2:
         raise BenchmarkSkipped(f"{gpus} GPU visible to each process: P2P needs two or more on a node")
     measurements: list[Measurement] = []
-    runtime.barrier()
+    runtime.host_barrier()  # the other GPUs idle: no spinning NCCL kernel beside the copies
     if runtime.local_rank == 0:
         count = options.bytes // 4
         buffers = [torch.rand(count, device=f"cuda:{index}").add_(0.5) for index in range(gpus)]
@@ -74,7 +74,7 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
                 del target
         del buffers
         torch.cuda.empty_cache()
-    runtime.barrier()
+    runtime.host_barrier()  # the other GPUs idle: no spinning NCCL kernel beside the copies
     return measurements
 
 
