@@ -299,3 +299,13 @@ def test_dead_rank_accept(tmp_path):
     _assert_dead_rank_reported(proc)
     assert not (results / "result.json").exists()
     assert not (results / "junit.xml").exists()
+
+
+@pytest.mark.parametrize(("local_rank", "visible", "expected"), [(0, 8, 0), (5, 8, 5), (3, 1, 0), (0, 1, 0)])
+def test_gpu_index_binds_local_rank_or_the_only_visible_gpu(local_rank, visible, expected):
+    assert rt.gpu_index(local_rank, visible) == expected
+
+
+def test_gpu_index_without_a_gpu_for_the_rank_is_a_one_line_error():
+    with pytest.raises(RunError, match=r"local rank 4 has no GPU: 2 visible"):
+        rt.gpu_index(4, 2)

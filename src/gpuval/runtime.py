@@ -171,6 +171,19 @@ def node_name(environ: dict[str, str] | None = None) -> str:
     return env.get("GPUVAL_NODE_NAME") or env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def gpu_index(local_rank: int, visible: int) -> int:
+    """This rank's GPU: its local rank, or the only GPU it sees when the launcher bound one GPU to each
+    task (srun --gpus-per-task=1, Kubernetes with one GPU per container)."""
+    if visible == 1:
+        return 0
+    if local_rank < visible:
+        return local_rank
+    raise RunError(
+        f"local rank {local_rank} has no GPU: {visible} visible to it; start one process per GPU "
+        "(torchrun --nproc-per-node=<GPUs>, or srun --gpus-per-task=1)"
+    )
+
+
 def init_runtime(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None) -> Runtime:
     """Join the process group the launcher prepared (or a group of one), bound to this rank's GPU."""
     import torch
@@ -178,13 +191,7 @@ def init_runtime(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = Non
 
     layout = distributed_env()
     if torch.cuda.is_available() and backend != "gloo":
-        count = torch.cuda.device_count()
-        if layout["local_rank"] >= count:
-            raise RunError(
-                f"local rank {layout['local_rank']} has no GPU: {count} visible on this node; "
-                "start one process per GPU (torchrun --nproc-per-node=<GPUs>)"
-            )
-        device = torch.device("cuda", layout["local_rank"])
+        device = torch.device("cuda", gpu_index(layout["local_rank"], torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = backend or "nccl"
     else:
