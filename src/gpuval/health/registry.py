@@ -1,0 +1,83 @@
+"""The health-check registry: a family name maps to one HealthCheck; duplicates are errors.
+
+Node checks run once per node (on its first local rank) against that node's NVML snapshot, sysfs and
+kernel log; each returns Check objects with a scope (`gpu:NODE/INDEX`, `node:NAME`, `link:...`) and a
+one-line hint. An exception inside a family becomes one ERROR check naming it, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuval.config import Profile
+from gpuval.nvml import NvmlSnapshot
+from gpuval.results import Check, Status
+
+
+@dataclass
+class HealthContext:
+    profile: Profile
+    node: str
+    snapshot: NvmlSnapshot
+    inventory: dict[str, Any] = field(default_factory=dict)  # discover's node inventory
+    root: Path = Path("/")  # where /sys and /proc are read from (a fake tree in tests)
+    kmsg: Path | None = Path("/dev/kmsg")  # kernel log for XID lines; None: not readable here
+    own_pids: set[int] = field(default_factory=set)  # gpuval's own ranks: not foreign processes
+    library: Any = None  # the NVML library (pynvml, or a replay in tests) for event waits
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    name: str
+    summary: str
+    run: Callable[[HealthContext], list[Check]]
+
+
+_REGISTRY: dict[str, HealthCheck] = {}
+_LOADED = False
+_NOT_CHECKS = {"registry"}
+
+
+def register(check: HealthCheck) -> HealthCheck:
+    if check.name in _REGISTRY:
+        raise ValueError(f"health check '{check.name}' is registered twice")
+    _REGISTRY[check.name] = check
+    return check
+
+
+def all_checks() -> dict[str, HealthCheck]:
+    global _LOADED
+    if not _LOADED:
+        import gpuval.health as package
+
+        for module in pkgutil.iter_modules(package.__path__):
+            if module.name not in _NOT_CHECKS and not module.name.startswith("_"):
+                importlib.import_module(f"gpuval.health.{module.name}")
+        _LOADED = True
+    return dict(_REGISTRY)
+
+
+def run_health(ctx: HealthContext, only: set[str] | None = None) -> list[Check]:
+    """Every registered family (or those in `only`) on this node; a crash in one is that family's ERROR."""
+    checks: list[Check] = []
+    for name, family in all_checks().items():
+        if only is not None and name not in only:
+            continue
+        try:
+            checks.extend(family.run(ctx))
+        except Exception as exc:  # noqa: BLE001 - a broken checker is an ERROR of the run
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            checks.append(
+                Check(
+                    name=f"{name}.run",
+                    status=Status.ERROR,
+                    scope=f"node:{ctx.node}",
+                    detail=f"the {name} check crashed: {type(exc).__name__}: {first}",
+                )
+            )
+    return checks
