@@ -1,0 +1,107 @@
+"""Silent data corruption: the same seeded computation on every GPU must give bit-identical results.
+
+Each rank builds the same inputs from one seed on the CPU, runs a chain of matrix products and
+nonlinearities on its GPU twice, and hashes the bytes of the result. GPUs of one model running one
+cuBLAS build choose the same kernels, so their results are identical to the bit (cuBLAS documents
+bit-wise reproducibility on GPUs of the same architecture and SM count); a GPU whose bytes differ from
+the majority of its peers, or from its own second run, computes wrongly without raising any error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from typing import Any
+
+from gpuval.results import Check, Status
+
+SEED = 20261121
+
+
+def _fingerprint(device: Any, size: int, steps: int) -> str:
+    import torch
+
+    generator = torch.Generator().manual_seed(SEED)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator) / size**0.5  # keeps the chain's values in range
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    x, w = a.to(device, dtype), b.to(device, dtype)
+    for _ in range(steps):
+        x = torch.tanh(x @ w) * 2.0  # tensor cores (bf16) and the vector units both take part
+    total = (x.float() @ w.float().t()).sum(dim=0)  # an fp32 product too
+    data = torch.cat([x.float().flatten(), total]).cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()
+
+
+def local_result(runtime: Any, size: int | None = None, steps: int = 8) -> dict[str, Any]:
+    """This rank's fingerprint, computed twice on its own device."""
+    device = runtime.device
+    if size is None:
+        size = 4096 if device.type == "cuda" else 256
+    first, second = _fingerprint(device, size, steps), _fingerprint(device, size, steps)
+    if device.type == "cuda":
+        import torch
+
+        model = torch.cuda.get_device_name(device)
+        multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
+        scope = f"gpu:{runtime.node_name}/{device.index}"
+    else:
+        import platform
+
+        model, multiprocessors = platform.processor() or "cpu", 0
+        scope = f"cpu:{runtime.node_name}/{runtime.local_rank}"
+    return {
+        "scope": scope,
+        "model": f"{model} ({multiprocessors} SMs)" if multiprocessors else model,
+        "first": first,
+        "second": second,
+        "size": size,
+        "steps": steps,
+    }
+
+
+def judge(results: list[dict[str, Any]]) -> list[Check]:
+    """One check per device: its result must equal its own rerun and the majority of its model's peers."""
+    by_model: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for result in results:
+        by_model[result["model"]].append(result)
+    diagnose = "drain the node and run field diagnostics (dcgmi diag -r 3)"
+    checks = []
+    for model, peers in by_model.items():
+        majority, votes = Counter(peer["first"] for peer in peers).most_common(1)[0]
+        distinct = len({peer["first"] for peer in peers})
+        contested = len(peers) > 1 and votes <= len(peers) / 2  # no strict majority: cannot say who is wrong
+        for peer in peers:
+            mine, rerun = peer["first"][:12], peer["second"][:12]
+            if peer["first"] != peer["second"]:
+                status = Status.FAIL
+                detail = f"two runs of one computation differ here ({mine} vs {rerun}): {diagnose}"
+            elif contested:
+                status = Status.WARN
+                detail = f"no majority among {len(peers)} {model} devices ({distinct} results): {diagnose}"
+            elif peer["first"] != majority:
+                status = Status.FAIL
+                detail = (
+                    f"result differs from {votes} of {len(peers)} {model} devices ({mine} vs "
+                    f"{majority[:12]}): silent data corruption; {diagnose}"
+                )
+            elif len(peers) > 1:
+                status, detail = Status.PASS, f"bit-identical to {votes - 1} peer(s) and to its own rerun"
+            else:
+                status, detail = Status.PASS, "bit-identical to its own rerun (no peer of its model here)"
+            checks.append(
+                Check(
+                    name="sdc.bitwise",
+                    status=status,
+                    scope=peer["scope"],
+                    detail=detail,
+                    threshold={"equal": "majority of same-model devices"},
+                )
+            )
+    return checks
+
+
+def run_sdc(runtime: Any) -> list[Check] | None:
+    """Every rank computes; rank 0 gets the checks (None elsewhere)."""
+    gathered = runtime.all_gather_object(local_result(runtime))
+    return judge(gathered) if runtime.is_main else None

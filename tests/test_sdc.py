@@ -1,0 +1,79 @@
+"""Silent-data-corruption check: verdicts on hand-made fingerprints, and real ranks under torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cli_env
+
+from gpuval.results import Status
+from gpuval.sdc import judge
+
+WORKER = Path(__file__).parent / "dist" / "sdc_worker.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def gpu(index: int, first: str, second: str | None = None, model: str = "NVIDIA H200 (132 SMs)") -> dict:
+    return {"scope": f"gpu:n1/{index}", "model": model, "first": first, "second": second or first}
+
+
+def statuses(checks):
+    return {c.scope: c.status for c in checks}
+
+
+def test_identical_results_pass():
+    checks = judge([gpu(i, "aa" * 32) for i in range(4)])
+    assert set(statuses(checks).values()) == {Status.PASS}
+    assert all("bit-identical to 3 peer(s)" in c.detail for c in checks)
+
+
+def test_the_odd_gpu_fails_by_name():
+    checks = judge([gpu(0, "aa"), gpu(1, "aa"), gpu(2, "bb"), gpu(3, "aa")])
+    assert statuses(checks) == {
+        "gpu:n1/0": Status.PASS,
+        "gpu:n1/1": Status.PASS,
+        "gpu:n1/2": Status.FAIL,
+        "gpu:n1/3": Status.PASS,
+    }
+    [bad] = [c for c in checks if c.status is Status.FAIL]
+    assert "differs from 3 of 4" in bad.detail and "dcgmi diag" in bad.detail
+
+
+def test_a_gpu_that_disagrees_with_itself_fails_even_alone():
+    [check] = judge([gpu(0, "aa", "ab")])
+    assert check.status is Status.FAIL and "two runs of one computation differ" in check.detail
+
+
+def test_no_majority_is_a_warning_not_a_guess():
+    checks = judge([gpu(0, "aa"), gpu(1, "bb")])
+    assert set(statuses(checks).values()) == {Status.WARN}
+
+
+def test_models_are_compared_only_with_their_own_kind():
+    checks = judge([gpu(0, "aa"), gpu(1, "aa"), gpu(2, "cc", model="NVIDIA H100 80GB HBM3 (132 SMs)")])
+    assert set(statuses(checks).values()) == {Status.PASS}
+
+
+@pytest.mark.parametrize(("bad", "expected_fail"), [(-1, set()), (2, {"cpu"})])
+def test_three_real_ranks_find_the_corrupting_one(tmp_path, bad, expected_fail):
+    out = tmp_path / "sdc.json"
+    proc = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node=3", str(WORKER), str(bad), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    checks = json.loads(out.read_text())
+    assert len(checks) == 3
+    failed = [c["scope"] for c in checks if c["status"] == "FAIL"]
+    if bad < 0:
+        assert failed == [] and {c["status"] for c in checks} == {"PASS"}
+    else:
+        assert len(failed) == 1 and failed[0].endswith(f"/{bad}")  # the scope names the bad rank
