@@ -82,3 +82,11 @@ def test_query_of_a_broken_field_never_raises(h200):
     assert isinstance(value, Unavailable) and "GpuIsLost" in value.reason
     assert isinstance(nvml("nvmlDeviceGetSomethingNew", 0), Unavailable)
     assert not Unavailable("x") and repr(Unavailable("x")) == "N/A (x)"
+
+
+def test_a_gpu_that_answers_its_handle_but_not_its_name_keeps_the_rest_readable(h200):
+    h200["devices"][1]["nvmlDeviceGetName"] = {"error": "NVMLError_GpuIsLost"}
+    snap = snapshot(ReplayNvml(h200))
+    assert "GpuIsLost" in snap.gpus[1].name.reason
+    assert snap.gpus[0].name == "NVIDIA H200"
+    assert snap.gpus[0].topology == {}  # its only peer cannot be placed

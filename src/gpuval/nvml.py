@@ -295,9 +295,10 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
         nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
     )
     gpu.pcie_gen_current = nvml("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+    # The link's maximum (GPU and slot together): a Gen5 GPU in a Gen4 slot is not a degraded link.
     gpu.pcie_gen_max = _first_available(
-        nvml("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
         nvml("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+        nvml("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
     )
     gpu.pcie_width_current = nvml("nvmlDeviceGetCurrPcieLinkWidth", handle)
     gpu.pcie_width_max = nvml("nvmlDeviceGetMaxPcieLinkWidth", handle)
@@ -399,16 +400,17 @@ def snapshot(library: Any = None) -> NvmlSnapshot:
         if not available(count):
             result.error = f"cannot count GPUs: {count.reason}"
             return result
-        handles = []
+        reachable: list[tuple[GpuInfo, Any]] = []  # GPUs that answered, each with its handle
         for index in range(count):
             handle = nvml("nvmlDeviceGetHandleByIndex", index)
             if not available(handle):
                 result.gpus.append(GpuInfo(index=index, name=handle))  # a lost GPU still shows, with why
                 continue
-            handles.append(handle)
-            result.gpus.append(_gpu(nvml, index, handle))
-        reachable = [gpu for gpu in result.gpus if available(gpu.name)]
-        _topology(nvml, reachable, handles)
+            gpu = _gpu(nvml, index, handle)
+            result.gpus.append(gpu)
+            if available(gpu.name):
+                reachable.append((gpu, handle))
+        _topology(nvml, [gpu for gpu, _ in reachable], [handle for _, handle in reachable])
         return result
     finally:
         nvml.shutdown()

@@ -1,5 +1,6 @@
-"""What is here: the inventory of one node (GPUs, software versions, host)."""
+"""What is here: the inventory of one node (host, software, GPUs, topology, network, storage, scheduler)."""
 
-from gpuval.discover.basic import local_gpu_names, node_inventory
+from gpuval.discover.gpus import local_gpu_names
+from gpuval.discover.inventory import node_inventory
 
 __all__ = ["local_gpu_names", "node_inventory"]

@@ -1,17 +1,9 @@
-"""A node's inventory as torch sees it: host, software versions and GPUs.
-
-The NVML-based discovery (topology, ECC, NVLink, InfiniBand) builds on this; here only what every
-benchmark run needs to be interpreted later.
-"""
+"""GPUs without the full NVML snapshot: their names (to pick a profile) and, where NVML cannot be read
+but CUDA works, the device list torch sees."""
 
 from __future__ import annotations
 
-import os
-import platform
-import socket
 from typing import Any
-
-from gpuval import __version__
 
 
 def local_gpu_names() -> list[str]:
@@ -36,37 +28,38 @@ def local_gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
 
 
-def node_inventory(node_name: str | None = None) -> dict[str, Any]:
-    import torch
+def torch_gpus() -> list[dict[str, Any]]:
+    """CUDA devices as torch sees them (CUDA_VISIBLE_DEVICES applies), with the keys NVML's list has."""
+    from gpuval.discover.software import torch_build
 
-    gpus = []
-    if torch.cuda.is_available():
+    build = torch_build()
+    if build is not None and build.get("cuda") is None:
+        return []  # a CPU build of torch sees no GPU; not importing it saves seconds
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        gpus = []
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
+            bus = getattr(props, "pci_bus_id", None)
             gpus.append(
                 {
                     "index": index,
                     "name": props.name,
+                    "uuid": str(getattr(props, "uuid", "")) or None,
+                    "pci_bus_id": (
+                        f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:"
+                        f"{getattr(props, 'pci_device_id', 0):02X}.0"
+                        if isinstance(bus, int)
+                        else None
+                    ),
                     "memory_total_bytes": int(props.total_memory),
                     "compute_capability": f"{props.major}.{props.minor}",
                     "multiprocessors": props.multi_processor_count,
-                    "uuid": str(getattr(props, "uuid", "")),
                 }
             )
-    nccl = None
-    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        version = torch.cuda.nccl.version()
-        nccl = ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
-    return {
-        "node": node_name or socket.gethostname(),
-        "hostname": socket.gethostname(),
-        "os": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "gpuval": __version__,
-        "torch": torch.__version__,
-        "cuda_runtime": torch.version.cuda,
-        "nccl": nccl,
-        "gpu_count": len(gpus),
-        "gpus": gpus,
-    }
+        return gpus
+    except Exception:  # noqa: BLE001 - a CUDA error here means no usable GPU, which the caller reports
+        return []
