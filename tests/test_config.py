@@ -89,7 +89,10 @@ def _usage_error(*args, **kwargs) -> str:
         ),
         pytest.param(
             "name: x\nzzzz: 1\n",
-            ["unknown key 'zzzz'", "known keys: benchmarks, checks, description, expect, name, runtime"],
+            [
+                "unknown key 'zzzz'",
+                "known keys: benchmarks, checks, description, expect, health, name, runtime",
+            ],
             id="unknown-top-level-key-without-a-close-match-lists-the-known-keys",
         ),
         pytest.param(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -14,67 +13,9 @@ from gpuval.bench.registry import all_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
+from gpuval.health.gpu import expect_checks
 from gpuval.results import Check, Result, Status, verdict
 from gpuval.suite import run_benchmarks
-
-
-def expect_checks(profile: Profile, nodes: list[dict[str, Any]]) -> list[Check]:
-    """GPU count, model and memory of every node against the profile's `expect` section."""
-    expect = profile.expect
-    checks: list[Check] = []
-    for node in nodes:
-        scope = f"node:{node['node']}"
-        if expect.gpu_count is not None:
-            found = node["gpu_count"]
-            ok = found == expect.gpu_count
-            checks.append(
-                Check(
-                    name="expect.gpu_count",
-                    status=Status.PASS if ok else Status.FAIL,
-                    value=found,
-                    threshold={"equal": expect.gpu_count},
-                    unit="GPUs",
-                    scope=scope,
-                    detail=f"{found} GPUs"
-                    if ok
-                    else f"{found} GPUs visible, {expect.gpu_count} expected: check "
-                    f"the driver sees all of them (nvidia-smi), then reseat or replace the missing GPU",
-                )
-            )
-        for gpu in node["gpus"]:
-            gpu_scope = f"gpu:{node['node']}/{gpu['index']}"
-            if expect.gpu_name is not None:
-                ok = re.fullmatch(expect.gpu_name, gpu["name"]) is not None
-                checks.append(
-                    Check(
-                        name="expect.gpu_name",
-                        status=Status.PASS if ok else Status.FAIL,
-                        scope=gpu_scope,
-                        threshold={"match": expect.gpu_name},
-                        detail=gpu["name"]
-                        if ok
-                        else f"'{gpu['name']}' is not '{expect.gpu_name}': wrong profile "
-                        f"for this node (pass --profile) or a different GPU model installed",
-                    )
-                )
-            if expect.gpu_memory_gib is not None:
-                gib = gpu["memory_total_bytes"] / 2**30
-                ok = gib >= expect.gpu_memory_gib
-                checks.append(
-                    Check(
-                        name="expect.gpu_memory_gib",
-                        status=Status.PASS if ok else Status.FAIL,
-                        value=gib,
-                        threshold={"min": expect.gpu_memory_gib},
-                        unit="GiB",
-                        scope=gpu_scope,
-                        detail=f"{gib:.1f} GiB"
-                        if ok
-                        else f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
-                        f"or a memory fault may hide memory (nvidia-smi -q -d MEMORY)",
-                    )
-                )
-    return checks
 
 
 def run_accept(

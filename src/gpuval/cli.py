@@ -248,6 +248,77 @@ def bench(
 
 @app.command()
 @_exits
+def discover(
+    json_: Annotated[bool, typer.Option("--json", help="print the inventory as JSON")] = False,
+    output: Annotated[Path | None, typer.Option(help="write the inventory as JSON to this file")] = None,
+    paste: Annotated[bool, typer.Option(help="a short plain-text block to paste into a bug report")] = False,
+) -> int:
+    """What is here: host, software, GPUs, topology, InfiniBand, storage, scheduler (one process)."""
+    from gpuval.atomic import ensure_writable_dir, write_text_atomic
+    from gpuval.discover import node_inventory
+    from gpuval.discover.render import paste_block, print_inventory
+    from gpuval.errors import UsageError
+
+    if output is not None:
+        if output.is_dir():
+            raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/node.json")
+        ensure_writable_dir(output.parent)
+    inventory = node_inventory()
+    text = json.dumps(inventory, indent=2) + "\n"
+    if output is not None:
+        write_text_atomic(output, text)
+    if json_:
+        sys.stdout.write(text)
+    elif paste:
+        sys.stdout.write(paste_block(inventory))
+    else:
+        print_inventory(inventory, console)
+    if output is not None and not json_:
+        err_console.print(f"wrote {output}", markup=False, highlight=False)
+    return EXIT_PASS
+
+
+@app.command()
+@_exits
+def health(
+    profile: Annotated[
+        str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")
+    ] = None,
+    set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    output: Annotated[Path | None, typer.Option(help="directory for result.json and junit.xml")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print result.json to stdout")] = False,
+) -> int:
+    """Check this node's GPUs, links and driver in seconds; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
+    from gpuval.accept import write_reports
+    from gpuval.atomic import ensure_writable_dir
+    from gpuval.config import load_profile, pick_profile
+    from gpuval.health.run import families, health_result, node_health
+    from gpuval.nvml import available, snapshot
+    from gpuval.report.console import print_result
+    from gpuval.runtime import node_name
+
+    started_at, began = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
+    nvml = snapshot()  # read once: it picks the profile (as discover.local_gpu_names would) and is judged
+    names = [gpu.name for gpu in nvml.gpus if available(gpu.name)]
+    loaded = load_profile(profile or pick_profile(names), set_)
+    families(loaded)  # an unknown name in health.skip is bad input: say so before any work
+    if output is None:
+        output = Path("gpuval-results") / f"health-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    ensure_writable_dir(output)
+    node = node_name()
+    checks = node_health(loaded, node, snapshot=nvml)
+    result = health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began)
+    paths = write_reports(result, output)
+    if json_:
+        sys.stdout.write(result.to_json())
+    else:
+        print_result(result, console, title=f"gpuval health · {node} · profile {loaded.name}")
+        console.print(f"wrote {', '.join(str(p) for p in paths)}")
+    return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
+
+
+@app.command()
+@_exits
 def profiles() -> int:
     """List the built-in profiles."""
     from gpuval.config import builtin_profiles, load_profile

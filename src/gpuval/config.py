@@ -46,6 +46,20 @@ class Expect(_Strict):
     gpu_count: StrictInt | None = Field(None, ge=0, description="GPUs per node")
     gpu_name: str | None = Field(None, description="regular expression matching the whole GPU name")
     gpu_memory_gib: float | None = Field(None, gt=0, description="minimum GiB per GPU")
+    driver_version: str | None = Field(
+        None, description="NVIDIA driver version as a glob, e.g. '580.*' (fnmatch); unset: not checked"
+    )
+    ib_ports: StrictInt | None = Field(None, ge=0, description="InfiniBand ports per node (link layer IB)")
+    ib_rate_gbps: float | None = Field(None, gt=0, description="minimum rate of every InfiniBand port, Gb/s")
+
+
+class HealthSettings(_Strict):
+    xid_window_s: float = Field(
+        1.0, ge=0, le=60, description="seconds to wait for XID events through NVML (0: kernel log only)"
+    )
+    skip: list[str] = Field(
+        default_factory=list, description="health families not to run, e.g. [smoke, xid] (gpuval health)"
+    )
 
 
 class RuntimeSettings(_Strict):
@@ -57,6 +71,7 @@ class Profile(_Strict):
     description: str = ""
     expect: Expect = Field(default_factory=Expect)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     checks: dict[str, Threshold] = Field(default_factory=dict)
     benchmarks: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="options per benchmark; listing one runs it even with no check"

@@ -21,9 +21,11 @@ STYLE = {
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 
 
-def print_result(result: Result, console: Console) -> None:
+def print_result(result: Result, console: Console, title: str | None = None) -> None:
+    """The checks, worst first, and the verdict; `title` defaults to the accept run's world."""
     table = Table(
-        title=f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
+        title=title
+        or f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
         f"{result.world.nodes} node(s) · {result.world.backend}",
         title_justify="left",
     )

@@ -1,0 +1,177 @@
+"""GPU count, model and memory against the profile's `expect`, and GPUs the driver counts but cannot open.
+
+`expect_checks` judges node inventories (what `gpuval accept` gathers through torch); the health family
+judges the same things as NVML sees them, so a node without a driver still gets its count checked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gpuval.config import Expect, Profile
+from gpuval.health._common import gpu_scope, node_scope, reachable, why_no_gpus
+from gpuval.health.registry import HealthCheck, HealthContext, register
+from gpuval.nvml import Unavailable, available
+from gpuval.results import Check, Status
+
+_FIND_MISSING = "check the driver sees all of them (nvidia-smi), then reseat or replace the missing GPU"
+
+
+def _count_check(
+    expect: Expect, node: str, found: int, why: str = "", action: str = _FIND_MISSING
+) -> list[Check]:
+    if expect.gpu_count is None:
+        return []
+    ok = found == expect.gpu_count
+    if ok:
+        detail = f"{found} GPUs" + (f" ({why})" if why and found == 0 else "")
+    else:
+        cause = f"{why}; " if why else ""
+        detail = f"{found} GPUs visible, {expect.gpu_count} expected: {cause}{action}"
+    return [
+        Check(
+            name="expect.gpu_count",
+            status=Status.PASS if ok else Status.FAIL,
+            value=found,
+            threshold={"equal": expect.gpu_count},
+            unit="GPUs",
+            scope=node_scope(node),
+            detail=detail,
+        )
+    ]
+
+
+def _model_checks(expect: Expect, node: str, index: int, name: Any, memory_bytes: Any) -> list[Check]:
+    scope = gpu_scope(node, index)
+    checks: list[Check] = []
+    if expect.gpu_name is not None:
+        if not available(name):
+            checks.append(
+                Check(name="expect.gpu_name", status=Status.SKIP, scope=scope, detail=f"no name: {name!r}")
+            )
+        else:
+            ok = re.fullmatch(expect.gpu_name, name) is not None
+            checks.append(
+                Check(
+                    name="expect.gpu_name",
+                    status=Status.PASS if ok else Status.FAIL,
+                    scope=scope,
+                    threshold={"match": expect.gpu_name},
+                    detail=name
+                    if ok
+                    else f"'{name}' is not '{expect.gpu_name}': wrong profile "
+                    f"for this node (pass --profile) or a different GPU model installed",
+                )
+            )
+    if expect.gpu_memory_gib is not None:
+        if not isinstance(memory_bytes, (int, float)):
+            reason = memory_bytes.reason if isinstance(memory_bytes, Unavailable) else "no answer"
+            checks.append(
+                Check(
+                    name="expect.gpu_memory_gib",
+                    status=Status.SKIP,
+                    threshold={"min": expect.gpu_memory_gib},
+                    unit="GiB",
+                    scope=scope,
+                    detail=f"NVML gave no memory size ({reason})",
+                )
+            )
+        else:
+            gib = memory_bytes / 2**30
+            ok = gib >= expect.gpu_memory_gib
+            checks.append(
+                Check(
+                    name="expect.gpu_memory_gib",
+                    status=Status.PASS if ok else Status.FAIL,
+                    value=gib,
+                    threshold={"min": expect.gpu_memory_gib},
+                    unit="GiB",
+                    scope=scope,
+                    detail=f"{gib:.1f} GiB"
+                    if ok
+                    else f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
+                    f"or a memory fault may hide memory (nvidia-smi -q -d MEMORY)",
+                )
+            )
+    return checks
+
+
+def expect_checks(profile: Profile, nodes: list[dict[str, Any]]) -> list[Check]:
+    """GPU count, model and memory of every node inventory (`gpuval accept`) against `expect`."""
+    checks: list[Check] = []
+    for node in nodes:
+        checks += _count_check(profile.expect, node["node"], node["gpu_count"])
+        for gpu in node["gpus"]:
+            checks += _model_checks(
+                profile.expect, node["node"], gpu["index"], gpu["name"], gpu["memory_total_bytes"]
+            )
+    return checks
+
+
+# NVML errors on opening a GPU that say the hardware is gone or unfit, rather than that this process
+# may not look at it (NoPermission): those are a FAIL of the GPU.
+_LOST = ("GpuIsLost", "Unknown", "InsufficientPower", "IrqIssue", "ResetRequired")
+
+
+def _reachable_checks(ctx: HealthContext) -> list[Check]:
+    snapshot = ctx.snapshot
+    if not snapshot.gpus:
+        return [
+            Check(
+                name="gpu.reachable",
+                status=Status.SKIP,
+                scope=node_scope(ctx.node),
+                detail=why_no_gpus(snapshot),
+            )
+        ]
+    checks = []
+    lost = [gpu for gpu in snapshot.gpus if not reachable(gpu)]
+    for gpu in lost:
+        reason = gpu.name.reason if isinstance(gpu.name, Unavailable) else "no answer"
+        hardware = any(word in reason for word in _LOST)
+        checks.append(
+            Check(
+                name="gpu.reachable",
+                status=Status.FAIL if hardware else Status.ERROR,
+                scope=gpu_scope(ctx.node, gpu.index),
+                detail=f"the driver counts GPU {gpu.index} but NVML cannot open it ({reason}): "
+                + (
+                    "drain the node, look for Xid 79 in the kernel log (dmesg), reboot, and reseat or "
+                    "replace the GPU (check its power cables and PCIe slot) if it recurs"
+                    if hardware
+                    else "run gpuval health as a user allowed to query every GPU (root, or the video group)"
+                ),
+            )
+        )
+    if not lost:
+        checks.append(
+            Check(
+                name="gpu.reachable",
+                status=Status.PASS,
+                scope=node_scope(ctx.node),
+                detail=f"all {len(snapshot.gpus)} GPUs answer NVML",
+            )
+        )
+    return checks
+
+
+def run(ctx: HealthContext) -> list[Check]:
+    snapshot = ctx.snapshot
+    answering = [gpu for gpu in snapshot.gpus if reachable(gpu)]
+    lost = len(snapshot.gpus) - len(answering)
+    why, action = "", _FIND_MISSING
+    if not snapshot.gpus:
+        why = why_no_gpus(snapshot)
+        if snapshot.error is not None:
+            action = "install or load the NVIDIA driver, then check nvidia-smi lists every GPU"
+    elif lost:
+        why = f"{lost} more counted by the driver but not answering NVML (see gpu.reachable)"
+    checks = _count_check(ctx.profile.expect, ctx.node, len(answering), why, action)
+    checks += _reachable_checks(ctx)
+    for gpu in answering:
+        checks += _model_checks(ctx.profile.expect, ctx.node, gpu.index, gpu.name, gpu.memory_total_bytes)
+    return checks
+
+
+register(HealthCheck(name="gpu", summary="GPU count, model and memory vs the profile; lost GPUs", run=run))

@@ -1,0 +1,75 @@
+"""Health of this node: read NVML once, run every registered family (less `health.skip`), make a Result."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuval import __version__
+from gpuval.config import Profile
+from gpuval.errors import UsageError
+from gpuval.health.registry import HealthContext, all_checks, run_health
+from gpuval.nvml import NvmlSnapshot
+from gpuval.nvml import snapshot as read_snapshot
+from gpuval.results import Check, Result, World, verdict
+
+
+def families(profile: Profile) -> set[str]:
+    """The families to run: all registered ones but those in `health.skip` (an unknown name is an error)."""
+    known = all_checks()
+    for name in profile.health.skip:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise UsageError(
+                f"health.skip: unknown health check '{name}'{hint}; known: {', '.join(sorted(known))}"
+            )
+    return set(known) - set(profile.health.skip)
+
+
+def node_health(
+    profile: Profile,
+    node: str,
+    library: Any = None,
+    root: Path = Path("/"),
+    kmsg: Path | None = Path("/dev/kmsg"),
+    own_pids: set[int] | None = None,
+    snapshot: NvmlSnapshot | None = None,
+) -> list[Check]:
+    """Every health check of this node. `library` is pynvml or a replay; `snapshot` saves a second read."""
+    ctx = HealthContext(
+        profile=profile,
+        node=node,
+        snapshot=snapshot if snapshot is not None else read_snapshot(library),
+        root=root,
+        kmsg=kmsg,
+        own_pids={os.getpid()} if own_pids is None else own_pids,
+        library=library,
+    )
+    return run_health(ctx, families(profile))
+
+
+def health_result(
+    profile: Profile,
+    node: str,
+    checks: list[Check],
+    snapshot: NvmlSnapshot,
+    started_at: str,
+    duration_s: float,
+) -> Result:
+    """result.json of `gpuval health`: checks and the NVML view they judged; no measurements."""
+    return Result(
+        verdict=verdict(checks),
+        started_at=started_at,
+        duration_s=round(duration_s, 3),
+        profile=profile.name,
+        world=World(size=1, nodes=1, backend="none"),
+        inventory={"nodes": [{"node": node, "nvml": snapshot.to_json()}]},
+        checks=checks,
+        gpuval_version=__version__,
+        command=["gpuval", *sys.argv[1:]],
+        settings={"profile": profile.model_dump(mode="json")},
+    )

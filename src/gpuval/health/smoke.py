@@ -1,0 +1,142 @@
+"""CUDA smoke test per GPU: allocate, multiply, copy back, compare with the CPU.
+
+The product is computed in float64 (no TF32 or reduced-precision path exists for it), into an output
+poisoned with NaN first, so a kernel that silently does not run cannot pass. The CPU result is the
+reference; float64 sums of 512 products of values in [-1, 1) differ between orderings by ~1e-13, so the
+tolerance of 1e-9 catches any corrupted element while accepting a different summation order.
+
+CUDA devices are matched to NVML's GPUs by UUID (CUDA numbers GPUs fastest-first unless
+CUDA_DEVICE_ORDER=PCI_BUS_ID, and CUDA_VISIBLE_DEVICES may hide some), so the scope names NVML's index.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpuval.health._common import bus_key, gpu_scope, node_scope, reachable, skip, why_no_gpus
+from gpuval.health.registry import HealthCheck, HealthContext, register
+from gpuval.results import Check, Status
+
+SIZE = 512
+TOLERANCE = 1e-9  # absolute, on values of magnitude <= SIZE
+
+
+def multiply(a: Any, b: Any, out: Any) -> None:
+    """The device computation (a seam for tests that simulate a faulty GPU)."""
+    import torch
+
+    torch.matmul(a, b, out=out)
+
+
+def smoke(device: Any, seed: int = 0) -> tuple[bool, str]:
+    """(passed, what happened) for one torch device; raises what CUDA raises."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    a = torch.rand(SIZE, SIZE, dtype=torch.float64, generator=generator) * 2 - 1
+    b = torch.rand(SIZE, SIZE, dtype=torch.float64, generator=generator) * 2 - 1
+    expected = a @ b
+    a_dev, b_dev = a.to(device), b.to(device)
+    out = torch.full((SIZE, SIZE), float("nan"), dtype=torch.float64, device=device)
+    multiply(a_dev, b_dev, out)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    got = out.cpu()
+    unwritten = int(torch.isnan(got).sum())
+    if unwritten:
+        return False, f"{unwritten} of {SIZE * SIZE} output elements were never written"
+    error = float((got - expected).abs().max())
+    if error > TOLERANCE:
+        wrong = int(((got - expected).abs() > TOLERANCE).sum())
+        return False, f"{wrong} of {SIZE * SIZE} elements differ from the CPU result (max error {error:.3g})"
+    return True, f"{SIZE}x{SIZE} float64 matmul matches the CPU (max error {error:.1g})"
+
+
+def _cuda_devices(torch: Any) -> tuple[dict[str, int], dict[tuple[int, int, int], int]]:
+    """CUDA device index by NVML-style UUID ('GPU-…') and by PCI (domain, bus, device), for the GPUs
+    CUDA can see; torch prints UUIDs without NVML's 'GPU-' prefix, and older builds have no PCI ids."""
+    by_uuid, by_bus = {}, {}
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        uuid = str(getattr(props, "uuid", "") or "")
+        if uuid:
+            by_uuid[uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"] = index
+        pci = tuple(getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        if all(isinstance(part, int) for part in pci):
+            by_bus[pci] = index
+    return by_uuid, by_bus
+
+
+def _why_no_cuda(torch: Any) -> tuple[Status, str]:
+    if torch.version.cuda is None:
+        return Status.SKIP, f"this torch ({torch.__version__}) is built without CUDA"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return Status.SKIP, "CUDA_VISIBLE_DEVICES hides every GPU"
+    try:
+        torch.cuda.init()
+    except Exception as exc:  # noqa: BLE001 - CUDA's own reason is the message
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    else:
+        message = "CUDA sees no device"
+    return (
+        Status.FAIL,
+        f"NVML sees GPUs but CUDA cannot use them ({message}): check nvidia-fabricmanager runs (NVSwitch "
+        "systems), the driver supports this CUDA (nvidia-smi), and reboot if a GPU needs a reset",
+    )
+
+
+def run(ctx: HealthContext) -> list[Check]:
+    gpus = [gpu for gpu in ctx.snapshot.gpus if reachable(gpu)]
+    if not gpus:
+        reason = (
+            why_no_gpus(ctx.snapshot) if not ctx.snapshot.gpus else "no GPU answers NVML (see gpu.reachable)"
+        )
+        return [skip("smoke.matmul", node_scope(ctx.node), reason)]
+    import torch
+
+    if not torch.cuda.is_available():
+        status, reason = _why_no_cuda(torch)
+        return [Check(name="smoke.matmul", status=status, scope=node_scope(ctx.node), detail=reason)]
+    by_uuid, by_bus = _cuda_devices(torch)
+    checks = []
+    for gpu in gpus:
+        scope = gpu_scope(ctx.node, gpu.index)
+        index = by_uuid.get(str(gpu.uuid))
+        if index is None:
+            index = by_bus.get(bus_key(gpu.pci_bus_id))
+        if index is None:
+            checks.append(skip("smoke.matmul", scope, "CUDA cannot see this GPU (CUDA_VISIBLE_DEVICES?)"))
+            continue
+        try:
+            passed, detail = smoke(torch.device("cuda", index))
+        except torch.cuda.OutOfMemoryError as exc:
+            first = str(exc).splitlines()[0]
+            checks.append(
+                Check(
+                    name="smoke.matmul",
+                    status=Status.ERROR,
+                    scope=scope,
+                    detail=f"no memory for the smoke test ({first}): see processes.foreign, rerun on an "
+                    "idle GPU",
+                )
+            )
+            continue
+        except Exception as exc:  # noqa: BLE001 - a CUDA error on a device is a fault of that GPU
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            passed, detail = False, f"CUDA failed on this GPU ({first}): {_ACTION}"
+        else:
+            detail = detail if passed else f"{detail}: the GPU computes wrong results; {_ACTION}"
+        checks.append(
+            Check(
+                name="smoke.matmul", status=Status.PASS if passed else Status.FAIL, scope=scope, detail=detail
+            )
+        )
+    return checks
+
+
+_ACTION = "drain the node, reset the GPU (nvidia-smi -r) and run field diagnostics (dcgmi diag -r 3)"
+
+register(
+    HealthCheck(name="smoke", summary="CUDA smoke test: allocate, multiply, copy back, compare", run=run)
+)

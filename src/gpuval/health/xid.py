@@ -1,0 +1,315 @@
+"""XID events: what the NVIDIA driver reported as GPU errors, from two sources.
+
+(a) NVML's event API over a short window (`health.xid_window_s`): critical XIDs raised while health runs.
+(b) The kernel log (/dev/kmsg, read without blocking up to its end): every `NVRM: Xid` line since boot,
+    mapped to the GPU by PCI bus id (the kernel writes `PCI:DDDD:BB:DD`, NVML `DDDDDDDD:BB:DD.F`).
+
+A critical XID (the table below, after NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors) is a FAIL
+naming its meaning and what to do; any other XID is a WARN (most are raised by applications).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuval.health._common import bus_key, gpu_scope, node_scope, reachable, skip, why_no_gpus
+from gpuval.health.registry import HealthCheck, HealthContext, register
+from gpuval.results import Check, Status
+
+
+@dataclass(frozen=True)
+class Xid:
+    meaning: str
+    critical: bool
+    action: str
+
+
+_RESET = "reset the GPU (nvidia-smi -r) or reboot"
+_DIAGNOSE = "drain the node and run field diagnostics (dcgmi diag -r 3)"
+XIDS: dict[int, Xid] = {
+    13: Xid(
+        "graphics engine exception",
+        False,
+        "usually an application fault; if it follows no crash, " + _DIAGNOSE,
+    ),
+    31: Xid(
+        "GPU memory page fault", False, "usually an application's illegal address; check the application"
+    ),
+    43: Xid("GPU stopped processing", False, "usually an application fault; restart it"),
+    45: Xid("preemptive cleanup after an earlier error", False, "look for the XID logged before it"),
+    48: Xid("double-bit ECC error", True, f"{_RESET}; if it recurs, {_DIAGNOSE}"),
+    61: Xid(
+        "internal micro-controller breakpoint/warning", False, "watch for more; reset the GPU if it repeats"
+    ),
+    62: Xid("internal micro-controller halt", True, f"{_RESET}; update the driver if it recurs"),
+    63: Xid(
+        "ECC page retirement or row-remapping recording event",
+        True,
+        "reset the GPU or reboot to apply pending row remapping",
+    ),
+    64: Xid(
+        "ECC page retirement or row-remapping recording failure",
+        True,
+        f"{_DIAGNOSE}; replace the GPU if a reset does not clear it",
+    ),
+    68: Xid("video decoder exception", False, "usually an application fault; restart it"),
+    69: Xid("graphics engine class error", False, "usually an application fault; restart it"),
+    74: Xid(
+        "NVLink error",
+        True,
+        "check nvidia-smi nvlink -s / -e, reset the GPU, and reseat/replace the NVLink/NVSwitch tray "
+        "if it recurs",
+    ),
+    79: Xid(
+        "GPU has fallen off the bus",
+        True,
+        "drain the node and reboot; check the GPU's power, PCIe slot/riser and cooling, and replace it "
+        "if it recurs",
+    ),
+    92: Xid("high single-bit ECC error rate", True, _DIAGNOSE),
+    94: Xid(
+        "contained ECC error", True, "the affected application was stopped; reset the GPU to remap the row"
+    ),
+    95: Xid(
+        "uncontained ECC error",
+        True,
+        f"every application on the GPU was affected; {_RESET}, then {_DIAGNOSE}",
+    ),
+    119: Xid("GSP RPC timeout", True, f"{_RESET}; update the driver if it recurs"),
+    120: Xid("GSP error", True, f"{_RESET}; update the driver if it recurs"),
+    140: Xid("unrecovered ECC error", True, f"{_RESET}, then {_DIAGNOSE}"),
+    154: Xid(
+        "GPU recovery action changed", True, "do the recovery action the message names (reset, reboot, drain)"
+    ),
+}
+
+
+def describe(xid: int) -> Xid:
+    return XIDS.get(xid, Xid("see NVIDIA's Xid catalog", False, "look it up in NVIDIA's Xid catalog"))
+
+
+# `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`; older drivers omit 'PCI:'.
+_XID_LINE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]+:[0-9a-fA-F]+:[0-9a-fA-F]+(?:\.[0-9a-fA-F]+)?)\): "
+    r"(?P<xid>\d+),?\s*(?P<text>.*)"
+)
+_KMSG_MAX_BYTES = 64 * 2**20  # a kernel ring buffer is a few MiB at most; never read without end
+
+
+@dataclass
+class Finding:
+    xid: int
+    bus_id: str | None  # as the source named it, when the GPU could not be mapped
+    gpu_index: int | None
+    text: str
+    count: int = 1
+
+
+def parse_kernel_log(text: str) -> list[tuple[str, int, str]]:
+    """(bus id, xid, rest of the message) of every NVRM Xid line, in order."""
+    found = []
+    for line in text.splitlines():
+        match = _XID_LINE.search(line)
+        if match:
+            found.append((match["bus"], int(match["xid"]), match["text"].strip()))
+    return found
+
+
+def read_kmsg(path: Path) -> str:
+    """The kernel log up to now: /dev/kmsg gives one record per read and EAGAIN at its end; a plain file
+    (tests) ends with EOF. A record overwritten while reading (EPIPE) is skipped."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks, size = [], 0
+    try:
+        while size < _KMSG_MAX_BYTES:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    continue
+                raise
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _gpu_by_bus(ctx: HealthContext) -> dict[tuple[int, int, int], int]:
+    by_bus = {}
+    for gpu in ctx.snapshot.gpus:
+        key = bus_key(gpu.pci_bus_id) if reachable(gpu) else None
+        if key is not None:
+            by_bus[key] = gpu.index
+    return by_bus
+
+
+def _merge(findings: list[Finding], new: Finding) -> None:
+    """One finding per XID and GPU (or unmapped bus id), counting repeats and keeping the latest text."""
+
+    def key(finding: Finding) -> tuple[int, Any]:
+        return finding.xid, finding.gpu_index if finding.gpu_index is not None else finding.bus_id
+
+    for old in findings:
+        if key(old) == key(new):
+            old.count += 1
+            old.text = new.text
+            return
+    findings.append(new)
+
+
+def _checks(ctx: HealthContext, name: str, source: str, findings: list[Finding]) -> list[Check]:
+    checks = []
+    for finding in findings:
+        info = describe(finding.xid)
+        where = (
+            f"GPU {finding.gpu_index}"
+            if finding.gpu_index is not None
+            else f"PCI {finding.bus_id}"
+            if finding.bus_id
+            else "a GPU NVML could not name"
+        )
+        times = f" {finding.count} times" if finding.count > 1 else ""
+        said = f' ("{finding.text[:120]}")' if finding.text else ""
+        checks.append(
+            Check(
+                name=name,
+                status=Status.FAIL if info.critical else Status.WARN,
+                value=finding.xid,
+                unit="xid",
+                scope=gpu_scope(ctx.node, finding.gpu_index)
+                if finding.gpu_index is not None
+                else node_scope(ctx.node),
+                detail=f"Xid {finding.xid} ({info.meaning}) on {where}{times} {source}{said}: {info.action}",
+            )
+        )
+    return checks
+
+
+def _kernel_log(ctx: HealthContext) -> list[Check]:
+    name, scope = "xid.kernel_log", node_scope(ctx.node)
+    if ctx.kmsg is None:
+        return [skip(name, scope, "the kernel log is not read here")]
+    try:
+        text = read_kmsg(ctx.kmsg)
+    except OSError as exc:
+        hint = " (run as root, or sysctl kernel.dmesg_restrict=0)" if isinstance(exc, PermissionError) else ""
+        return [skip(name, scope, f"cannot read {ctx.kmsg}: {exc.strerror or exc}{hint}")]
+    by_bus = _gpu_by_bus(ctx)
+    findings: list[Finding] = []
+    for bus, xid, message in parse_kernel_log(text):
+        key = bus_key(bus)
+        _merge(
+            findings, Finding(xid=xid, bus_id=bus, gpu_index=by_bus.get(key) if key else None, text=message)
+        )
+    if not findings:
+        return [Check(name=name, status=Status.PASS, scope=scope, detail=f"no NVRM Xid line in {ctx.kmsg}")]
+    return _checks(ctx, name, "in the kernel log since boot", findings)
+
+
+def _library(ctx: HealthContext) -> Any:
+    if ctx.library is not None:
+        return ctx.library
+    import pynvml
+
+    return pynvml
+
+
+def _nvml_events(ctx: HealthContext, window_s: float) -> list[Check]:
+    """Register every GPU for critical-XID events and wait `window_s`; every call through ctx.library."""
+    name, scope = "xid.events", node_scope(ctx.node)
+    lib = _library(ctx)
+    timeout_error = getattr(lib, "NVMLError_Timeout", None)
+
+    def failed(step: str, exc: BaseException) -> list[Check]:
+        return [
+            skip(
+                name, scope, f"NVML event wait not possible here ({step}: {type(exc).__name__} {exc})".strip()
+            )
+        ]
+
+    try:
+        lib.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no NVML: the part is skipped with the reason
+        return failed("nvmlInit", exc)
+    try:
+        try:
+            event_set = lib.nvmlEventSetCreate()
+        except Exception as exc:  # noqa: BLE001 - an NVML without events (or a replay)
+            return failed("nvmlEventSetCreate", exc)
+        try:
+            registered, refused = [], []
+            for gpu in ctx.snapshot.gpus:
+                if not reachable(gpu):
+                    continue
+                try:
+                    handle = lib.nvmlDeviceGetHandleByIndex(gpu.index)
+                    lib.nvmlDeviceRegisterEvents(
+                        handle, getattr(lib, "nvmlEventTypeXidCriticalError", 0x8), event_set
+                    )
+                    registered.append(gpu.index)
+                except Exception as exc:  # noqa: BLE001 - NotSupported on this GPU
+                    refused.append(f"GPU {gpu.index}: {type(exc).__name__}")
+            if not registered:
+                return [skip(name, scope, f"no GPU accepts XID event registration ({'; '.join(refused)})")]
+            findings: list[Finding] = []
+            deadline = time.monotonic() + window_s
+            while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
+                try:
+                    data = lib.nvmlEventSetWait_v2(event_set, remaining_ms)
+                except Exception as exc:  # noqa: BLE001
+                    if timeout_error is not None and isinstance(exc, timeout_error):
+                        break  # the window passed without an event
+                    return failed("nvmlEventSetWait_v2", exc)
+                try:
+                    index = lib.nvmlDeviceGetIndex(data.device)
+                except Exception:  # noqa: BLE001 - the GPU that raised it may be the one that is lost
+                    index = None
+                _merge(findings, Finding(xid=int(data.eventData), bus_id=None, gpu_index=index, text=""))
+        finally:
+            try:
+                lib.nvmlEventSetFree(event_set)
+            except Exception:  # noqa: BLE001 - freeing changes no verdict
+                pass
+    finally:
+        try:
+            lib.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    if not findings:
+        note = f"; not registered: {'; '.join(refused)}" if refused else ""
+        return [
+            Check(
+                name=name,
+                status=Status.PASS,
+                scope=scope,
+                detail=f"no critical XID during a {window_s:g} s wait on {len(registered)} GPUs{note}",
+            )
+        ]
+    return _checks(ctx, name, f"during the {window_s:g} s NVML event wait", findings)
+
+
+def run(ctx: HealthContext) -> list[Check]:
+    scope = node_scope(ctx.node)
+    if not ctx.snapshot.gpus:
+        return [skip("xid", scope, why_no_gpus(ctx.snapshot))]
+    window_s = ctx.profile.health.xid_window_s
+    events = (
+        _nvml_events(ctx, window_s)
+        if window_s > 0
+        else [skip("xid.events", scope, "health.xid_window_s is 0: no NVML event wait")]
+    )
+    return events + _kernel_log(ctx)
+
+
+register(HealthCheck(name="xid", summary="XID events: NVML event wait and the kernel log", run=run))

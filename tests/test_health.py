@@ -1,0 +1,640 @@
+"""`gpuval health` against NVML answers recorded on a real 2xH200 machine, and hand-made faulty variants.
+
+Each fault is the healthy recording with one answer changed, as NVML would give it on a broken node; it
+must produce the right FAIL (or WARN), on the right scope, with a hint of what to do. Kernel logs and
+InfiniBand sysfs trees are fake files under tests/data/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import jsonschema
+import pynvml
+import pytest
+from nvml_replay import ReplayNvml, load
+
+from gpuval.config import load_profile
+from gpuval.errors import UsageError
+from gpuval.health import pcie, smoke, xid
+from gpuval.health._common import bus_key
+from gpuval.health.run import health_result, node_health
+from gpuval.nvml import snapshot
+from gpuval.results import Status, json_schema, verdict
+
+DATA = Path(__file__).parent / "data"
+NODE = "n1"
+
+
+@pytest.fixture
+def h200():
+    return load("h200x2")
+
+
+@pytest.fixture
+def empty_root(tmp_path: Path) -> Path:
+    """A root with no /sys/class/infiniband and no /proc: nothing but what a test puts there."""
+    root = tmp_path / "root"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def quiet_kmsg(tmp_path: Path) -> Path:
+    path = tmp_path / "kmsg"
+    path.write_text(
+        "6,1,100,-;Linux version 6.18.44\n6,2,200,-;NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+    )
+    return path
+
+
+def health(recording, root, sets=(), kmsg=None, own_pids=frozenset(), profile="h200-sxm", library=None):
+    loaded = load_profile(profile, ["expect.gpu_count=2", *sets])
+    return node_health(
+        loaded,
+        NODE,
+        library=library or ReplayNvml(recording),
+        root=root,
+        kmsg=kmsg,
+        own_pids=set(own_pids),
+    )
+
+
+def only(checks, name, status=None):
+    found = [c for c in checks if c.name == name and (status is None or c.status is status)]
+    assert found, f"no {name} {status}: {[(c.name, c.status.value) for c in checks]}"
+    return found
+
+
+def bad(checks):
+    return [
+        (c.name, c.status, c.scope) for c in checks if c.status in (Status.FAIL, Status.ERROR, Status.WARN)
+    ]
+
+
+# --- the healthy recording ------------------------------------------------------------------------------
+
+
+def test_healthy_h200_recording_passes(h200, empty_root, quiet_kmsg):
+    checks = health(h200, empty_root, kmsg=quiet_kmsg)
+    assert bad(checks) == []
+    assert verdict(checks) is Status.PASS
+    passed = {c.name for c in checks if c.status is Status.PASS}
+    skipped = {c.name: c.detail for c in checks if c.status is Status.SKIP}
+    assert passed == {
+        "expect.gpu_count",
+        "expect.gpu_name",
+        "expect.gpu_memory_gib",
+        "gpu.reachable",
+        "ecc.enabled",
+        "ecc.uncorrected_volatile",
+        "ecc.uncorrected_aggregate",
+        "ecc.row_remapping",
+        "clocks.event_reasons",
+        "clocks.temperature",
+        "pcie.width",
+        "pcie.generation",
+        "pcie.replays",
+        "nvlink.state",
+        "nvlink.errors",
+        "processes.foreign",
+        "xid.kernel_log",
+    }
+    # What this recording cannot show: H200 remaps rows instead of retiring pages, the machine has no
+    # InfiniBand, this test process has no CUDA, and the replay has no NVML event API.
+    assert set(skipped) == {"ecc.retired_pages", "infiniband.state", "smoke.matmul", "xid.events"}
+    assert "NotSupported" in skipped["ecc.retired_pages"] and "remaps rows" in skipped["ecc.retired_pages"]
+    assert skipped["infiniband.state"] == "no InfiniBand port on this node"
+    assert "without CUDA" in skipped["smoke.matmul"] or "hides every GPU" in skipped["smoke.matmul"]
+    scopes = {c.scope for c in checks if c.name == "ecc.enabled"}
+    assert scopes == {"gpu:n1/0", "gpu:n1/1"}
+    assert "driver.version" not in {c.name for c in checks}  # no pin in the profile: no check
+
+
+def test_result_of_a_health_run_is_valid_result_json(h200, empty_root):
+    loaded = load_profile("h200-sxm", ["expect.gpu_count=2"])
+    snap = snapshot(ReplayNvml(h200))
+    checks = node_health(loaded, NODE, library=ReplayNvml(h200), root=empty_root, kmsg=None, snapshot=snap)
+    result = health_result(loaded, NODE, checks, snap, "2026-11-22T00:00:00+00:00", 1.5)
+    document = json.loads(result.to_json())
+    jsonschema.validate(document, json_schema())
+    assert document["verdict"] == "PASS" and document["measurements"] == []
+    assert document["inventory"]["nodes"][0]["nvml"]["gpus"][1]["pci_bus_id"] == "00000000:00:07.0"
+
+
+# --- one fault at a time ------------------------------------------------------------------------------
+
+
+def test_uncorrectable_ecc_error_on_gpu1(h200, empty_root):
+    h200["devices"][1]["nvmlDeviceGetTotalEccErrors(uncorrected,volatile)"] = 2
+    h200["devices"][1]["nvmlDeviceGetTotalEccErrors(uncorrected,aggregate)"] = 3
+    checks = health(h200, empty_root)
+    assert bad(checks) == [
+        ("ecc.uncorrected_volatile", Status.FAIL, "gpu:n1/1"),
+        ("ecc.uncorrected_aggregate", Status.FAIL, "gpu:n1/1"),
+    ]
+    volatile = only(checks, "ecc.uncorrected_volatile", Status.FAIL)[0]
+    assert volatile.value == 2
+    assert "2 uncorrectable ECC errors since the driver loaded" in volatile.detail
+    assert "drain the node and run field diagnostics (dcgmi diag -r 3)" in volatile.detail
+    assert verdict(checks) is Status.FAIL
+
+
+def test_ecc_on_without_an_error_count_is_an_error_not_a_pass(h200, empty_root):
+    h200["devices"][0]["nvmlDeviceGetTotalEccErrors(uncorrected,volatile)"] = {"error": "NVMLError_Unknown"}
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("ecc.uncorrected_volatile", Status.ERROR, "gpu:n1/0")]
+    assert verdict(checks) is Status.ERROR
+
+
+def test_ecc_disabled_and_pending_change(h200, empty_root):
+    h200["devices"][0]["nvmlDeviceGetEccMode"] = [0, 1]  # off now, on after the next reboot
+    h200["devices"][1]["nvmlDeviceGetEccMode"] = [1, 0]  # on now, off after the next reboot
+    checks = health(h200, empty_root)
+    off, turning_off = (
+        only(checks, "ecc.enabled", Status.FAIL)[0],
+        only(checks, "ecc.enabled", Status.WARN)[0],
+    )
+    assert off.scope == "gpu:n1/0" and "reboot or reset the GPU to apply" in off.detail
+    assert turning_off.scope == "gpu:n1/1" and "nvidia-smi -i 1 -e 1" in turning_off.detail
+
+
+def test_down_nvlink_5_on_gpu0(h200, empty_root):
+    h200["devices"][0]["nvlinks"][5]["state"] = 0
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("nvlink.state", Status.FAIL, "link:n1/gpu0-nvlink5")]
+    down = only(checks, "nvlink.state", Status.FAIL)[0]
+    assert "NVLink 5 to the NVSwitch of GPU 0 is down (17 of 18 up; down: 5)" in down.detail
+    assert "reseat/replace the NVLink/NVSwitch tray" in down.detail
+    assert only(checks, "nvlink.state", Status.PASS)[0].scope == "gpu:n1/1"
+
+
+def test_nvlink_error_counters_warn_per_link(h200, empty_root):
+    h200["devices"][1]["nvlinks"][3]["error_dl_crc_flit"] = 7
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("nvlink.errors", Status.WARN, "link:n1/gpu1-nvlink3")]
+    assert "7 CRC errors on NVLink 3 of GPU 1" in only(checks, "nvlink.errors", Status.WARN)[0].detail
+
+
+def test_gpu_without_nvlink_skips(h200, empty_root):
+    for link in h200["devices"][0]["nvlinks"]:
+        link["state"] = {"error": "NVMLError_NotSupported"}
+    checks = health(h200, empty_root)
+    skipped = [(c.name, c.scope) for c in checks if c.status is Status.SKIP and c.name.startswith("nvlink")]
+    assert skipped == [("nvlink.state", "gpu:n1/0"), ("nvlink.errors", "gpu:n1/0")]
+    assert bad(checks) == []
+
+
+def test_degraded_pcie_link_x8_of_x16(h200, empty_root):
+    h200["devices"][0]["nvmlDeviceGetCurrPcieLinkWidth"] = 8
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("pcie.width", Status.FAIL, "gpu:n1/0")]
+    width = only(checks, "pcie.width", Status.FAIL)[0]
+    assert (width.value, width.threshold) == (8, {"min": 16})
+    assert "x8 of x16" in width.detail and "check the PCIe slot/riser, retrain the link" in width.detail
+
+
+def test_lower_pcie_generation_is_only_a_warning(h200, empty_root):
+    h200["devices"][1]["nvmlDeviceGetCurrPcieLinkGeneration"] = 1  # an idle GPU saving power
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("pcie.generation", Status.WARN, "gpu:n1/1")]
+    assert "re-check under load" in only(checks, "pcie.generation", Status.WARN)[0].detail
+
+
+@pytest.mark.parametrize("replays, status", [(1000, Status.WARN), (10, Status.PASS)])
+def test_pcie_replays_against_dcgm_rate(h200, empty_root, replays, status):
+    (empty_root / "proc").mkdir()
+    (empty_root / "proc" / "uptime").write_text("600.00 1100.00\n")  # 10 minutes since boot
+    h200["devices"][0]["nvmlDeviceGetPcieReplayCounter"] = replays
+    check = [c for c in health(h200, empty_root) if c.name == "pcie.replays" and c.scope == "gpu:n1/0"][0]
+    assert check.status is status
+    assert f"{replays} replays since boot, {replays / 10:.2g} a minute" in check.detail
+    assert pcie.uptime_s(empty_root) == 600.0
+
+
+@pytest.mark.parametrize(
+    "reasons, status, words",
+    [
+        (0x40, Status.FAIL, "hw_thermal_slowdown active"),
+        (0x80 | 0x8, Status.FAIL, "hw_power_brake_slowdown, hw_slowdown active"),
+        (0x20, Status.WARN, "sw_thermal_slowdown active"),
+        (0x4 | 0x1, Status.PASS, "gpu_idle, sw_power_cap"),
+    ],
+)
+def test_clock_event_reasons(h200, empty_root, reasons, status, words):
+    for key in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+        h200["devices"][1][key] = reasons
+    check = [
+        c for c in health(h200, empty_root) if c.name == "clocks.event_reasons" and c.scope == "gpu:n1/1"
+    ][0]
+    assert check.status is status
+    assert words in check.detail
+    if reasons == 0x40:
+        assert "check cooling" in check.detail
+
+
+@pytest.mark.parametrize("celsius, status", [(89, Status.FAIL), (85, Status.WARN), (83, Status.PASS)])
+def test_temperature_against_the_slowdown_threshold(h200, empty_root, celsius, status):
+    h200["devices"][0]["nvmlDeviceGetTemperature(gpu)"] = celsius  # slowdown threshold recorded: 89 C
+    check = [c for c in health(h200, empty_root) if c.name == "clocks.temperature" and c.scope == "gpu:n1/0"][
+        0
+    ]
+    assert (check.status, check.value) == (status, celsius)
+    if status is not Status.PASS:
+        assert "89 C slowdown threshold" in check.detail and "check cooling" in check.detail
+
+
+def test_temperature_nvml_cannot_give_is_a_skip_with_the_reason(h200, empty_root):
+    h200["devices"][0]["nvmlDeviceGetTemperature(gpu)"] = {"error": "NVMLError_NotSupported"}
+    check = [c for c in health(h200, empty_root) if c.name == "clocks.temperature" and c.scope == "gpu:n1/0"][
+        0
+    ]
+    assert check.status is Status.SKIP and "NotSupported" in check.detail
+
+
+def test_missing_gpu(h200, empty_root):
+    h200["device_count"] = 1
+    h200["devices"] = h200["devices"][:1]
+    checks = health(h200, empty_root)  # the profile, set to this machine, expects 2
+    assert bad(checks) == [("expect.gpu_count", Status.FAIL, "node:n1")]
+    count = only(checks, "expect.gpu_count")[0]
+    assert (count.value, count.threshold) == (1, {"equal": 2})
+    assert (
+        "1 GPUs visible, 2 expected" in count.detail and "reseat or replace the missing GPU" in count.detail
+    )
+
+
+def test_lost_gpu_fails_once_and_other_families_skip_it(h200, empty_root):
+    h200["device_count"] = 3  # the driver counts a third GPU NVML cannot open (GpuIsLost)
+    checks = health(h200, empty_root, sets=["expect.gpu_count=3"])
+    assert bad(checks) == [
+        ("expect.gpu_count", Status.FAIL, "node:n1"),
+        ("gpu.reachable", Status.FAIL, "gpu:n1/2"),
+    ]
+    lost = only(checks, "gpu.reachable", Status.FAIL)[0]
+    assert "GpuIsLost" in lost.detail and "Xid 79" in lost.detail
+    assert "1 more counted by the driver" in only(checks, "expect.gpu_count")[0].detail
+    assert all(
+        "see gpu.reachable" in c.detail for c in checks if c.scope == "gpu:n1/2" and c.name != "gpu.reachable"
+    )
+
+
+def test_row_remapping_pending(h200, empty_root):
+    h200["devices"][0]["nvmlDeviceGetRemappedRows"] = [
+        0,
+        1,
+        1,
+        0,
+    ]  # correctable, uncorrectable, pending, failed
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("ecc.row_remapping", Status.FAIL, "gpu:n1/0")]
+    detail = only(checks, "ecc.row_remapping", Status.FAIL)[0].detail
+    assert "reset the GPU (nvidia-smi -r -i 0) or reboot to apply pending row remapping" in detail
+    assert "1 rows remapped for uncorrectable" in detail
+
+
+def test_row_remapping_failed(h200, empty_root):
+    h200["devices"][1]["nvmlDeviceGetRemappedRows"] = [0, 512, 0, 1]
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("ecc.row_remapping", Status.FAIL, "gpu:n1/1")]
+    assert "replace the GPU" in only(checks, "ecc.row_remapping", Status.FAIL)[0].detail
+
+
+def test_retired_pages_where_supported(h200, empty_root):
+    device = h200["devices"][0]
+    device["nvmlDeviceGetRetiredPages(sbe)"] = [0x1000 * i for i in range(10)]
+    device["nvmlDeviceGetRetiredPages(dbe)"] = [0x1000 * i for i in range(6)]
+    device["nvmlDeviceGetRetiredPagesPendingStatus"] = 0
+    check = only(health(h200, empty_root), "ecc.retired_pages", Status.WARN)[0]
+    assert (check.scope, check.value) == ("gpu:n1/0", 16)
+    device["nvmlDeviceGetRetiredPagesPendingStatus"] = 1
+    check = only(health(h200, empty_root), "ecc.retired_pages", Status.FAIL)[0]
+    assert "reset the GPU (nvidia-smi -r -i 0) or reboot to retire the pages" in check.detail
+
+
+@pytest.mark.parametrize("pin, status", [("575.*", Status.FAIL), ("580.*", Status.PASS)])
+def test_driver_version_pin(h200, empty_root, pin, status):
+    checks = health(h200, empty_root, sets=[f"expect.driver_version={pin}"])
+    check = only(checks, "driver.version")[0]
+    assert (check.status, check.scope, check.threshold) == (status, "node:n1", {"match": pin})
+    if status is Status.FAIL:
+        assert "driver 580.159.04, the profile pins 575.*" in check.detail
+        assert "install the pinned driver" in check.detail
+
+
+def test_xid_79_in_the_kernel_log_names_gpu0_by_bus_id(h200, empty_root):
+    checks = health(h200, empty_root, kmsg=DATA / "kmsg" / "xid79.txt")
+    assert bad(checks) == [
+        ("xid.kernel_log", Status.WARN, "gpu:n1/1"),
+        ("xid.kernel_log", Status.FAIL, "gpu:n1/0"),
+    ]
+    fallen = only(checks, "xid.kernel_log", Status.FAIL)[0]
+    assert fallen.value == 79
+    assert (
+        "Xid 79 (GPU has fallen off the bus) on GPU 0 2 times in the kernel log since boot" in fallen.detail
+    )
+    assert "drain the node and reboot" in fallen.detail
+    app = only(checks, "xid.kernel_log", Status.WARN)[0]
+    assert app.value == 13 and "application" in app.detail
+
+
+def test_kernel_log_parsing_and_bus_ids():
+    lines = (
+        "4,9,99,-;NVRM: Xid (0000:3b:00): 31, pid=77, name=a.out, Ch 00000008, intr 10000000\n"
+        "[  123.456] NVRM: Xid (PCI:0001:c1:00): 95, pid=1, Uncontained: FBHUB. RST: Yes, D-RST: No\n"
+        "NVRM: GPU at PCI:0000:3b:00: GPU-0\n"
+    )
+    assert xid.parse_kernel_log(lines) == [
+        ("0000:3b:00", 31, "pid=77, name=a.out, Ch 00000008, intr 10000000"),
+        ("0001:c1:00", 95, "pid=1, Uncontained: FBHUB. RST: Yes, D-RST: No"),
+    ]
+    assert bus_key("PCI:0001:c1:00") == bus_key("00000001:C1:00.0") == (1, 0xC1, 0)
+    assert xid.describe(95).critical and not xid.describe(31).critical
+    assert not xid.describe(999).critical  # an XID the table does not know is a WARN
+
+
+def test_unreadable_kernel_log_is_a_skip_with_the_reason(h200, empty_root):
+    checks = health(h200, empty_root, kmsg=empty_root / "no-such-kmsg")
+    check = only(checks, "xid.kernel_log")[0]
+    assert check.status is Status.SKIP and "cannot read" in check.detail
+
+
+class EventReplay(ReplayNvml):
+    """The replay plus NVML's event API: `events` are (device index, xid) delivered before a timeout."""
+
+    def __init__(self, recording, events=(), refuse=False):
+        super().__init__(recording)
+        self.events, self.refuse, self.registered, self.waits = list(events), refuse, [], []
+
+    def nvmlEventSetCreate(self):  # noqa: N802 - pynvml's names
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle, types, event_set):  # noqa: N802
+        if self.refuse:
+            raise pynvml.NVMLError_NotSupported()
+        self.registered.append((handle, types, event_set))
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):  # noqa: N802
+        self.waits.append(timeout_ms)
+        if not self.events:
+            raise pynvml.NVMLError_Timeout()
+        device, code = self.events.pop(0)
+        return _Event(device, code)
+
+    def nvmlDeviceGetIndex(self, handle):  # noqa: N802
+        return handle
+
+    def nvmlEventSetFree(self, event_set):  # noqa: N802
+        pass
+
+
+class _Event:
+    def __init__(self, device, code):
+        self.device, self.eventType, self.eventData = device, 0x8, code
+
+
+def test_critical_xid_during_the_nvml_event_wait(h200, empty_root):
+    library = EventReplay(h200, events=[(1, 48)])
+    checks = health(h200, empty_root, sets=["health.xid_window_s=0.2"], library=library)
+    assert [(handle, types) for handle, types, _ in library.registered] == [(0, 0x8), (1, 0x8)]
+    assert 0 < library.waits[0] <= 200
+    assert bad(checks) == [("xid.events", Status.FAIL, "gpu:n1/1")]
+    detail = only(checks, "xid.events", Status.FAIL)[0].detail
+    assert "Xid 48 (double-bit ECC error) on GPU 1 during the 0.2 s NVML event wait" in detail
+
+
+def test_quiet_event_wait_passes_and_refused_registration_skips(h200, empty_root):
+    checks = health(h200, empty_root, sets=["health.xid_window_s=0.05"], library=EventReplay(h200))
+    assert (
+        "no critical XID during a 0.05 s wait on 2 GPUs" in only(checks, "xid.events", Status.PASS)[0].detail
+    )
+    checks = health(
+        h200, empty_root, sets=["health.xid_window_s=0.05"], library=EventReplay(h200, refuse=True)
+    )
+    assert "NVMLError_NotSupported" in only(checks, "xid.events", Status.SKIP)[0].detail
+
+
+def test_infiniband_port_down_in_a_fake_sysfs_tree(h200):
+    root = DATA / "sysfs-health" / "ib-one-down"
+    checks = health(h200, root, sets=["expect.ib_rate_gbps=400", "expect.ib_ports=2"])
+    assert bad(checks) == [
+        ("infiniband.state", Status.FAIL, "link:n1/mlx5_1-port1"),
+        ("infiniband.rate_gbps", Status.FAIL, "link:n1/mlx5_1-port1"),
+    ]
+    down = only(checks, "infiniband.state", Status.FAIL)[0]
+    assert "port 1 of mlx5_1 is DOWN (Disabled), not ACTIVE" in down.detail and "cable" in down.detail
+    assert only(checks, "infiniband.state", Status.PASS)[0].scope == "link:n1/mlx5_0-port1"
+    assert (
+        only(checks, "infiniband.ports", Status.PASS)[0].value == 2
+    )  # the Ethernet (RoCE) port is not counted
+    assert [c.scope for c in checks if c.name == "infiniband.rate_gbps" and c.status is Status.PASS] == [
+        "link:n1/mlx5_0-port1"
+    ]
+
+
+def test_expected_infiniband_ports_missing(h200, empty_root):
+    checks = health(h200, empty_root, sets=["expect.ib_ports=8"])
+    assert bad(checks) == [("infiniband.ports", Status.FAIL, "node:n1")]
+    assert "0 InfiniBand ports, 8 expected" in only(checks, "infiniband.ports")[0].detail
+
+
+def test_foreign_process_on_gpu1(h200, empty_root):
+    (empty_root / "proc" / "4321").mkdir(parents=True)
+    (empty_root / "proc" / "4321" / "comm").write_text("python3\n")
+    h200["devices"][1]["nvmlDeviceGetComputeRunningProcesses"] = [{"pid": 4321, "usedGpuMemory": 40 * 2**30}]
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("processes.foreign", Status.WARN, "gpu:n1/1")]
+    detail = only(checks, "processes.foreign", Status.WARN)[0].detail
+    assert (
+        "pid 4321 (python3, 40.0 GiB) on GPU 1: another job is using this GPU; benchmarks would be wrong"
+        in detail
+    )
+    assert bad(health(h200, empty_root, own_pids={4321})) == []  # gpuval's own rank is not foreign
+
+
+def test_a_family_that_raises_is_one_error_naming_it(h200, empty_root, monkeypatch):
+    def broken(gpu, scope):
+        raise KeyError("pcie_width_max")
+
+    monkeypatch.setattr(pcie, "_width", broken)
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("pcie.run", Status.ERROR, "node:n1")]
+    assert "the pcie check crashed: KeyError" in only(checks, "pcie.run")[0].detail
+    assert not [c for c in checks if c.name.startswith("pcie.") and c.name != "pcie.run"]
+    assert only(checks, "ecc.enabled", Status.PASS)  # the other families still ran
+
+
+# --- no driver, settings ------------------------------------------------------------------------------
+
+
+def test_no_driver_skips_gpu_checks_and_fails_an_expected_count(h200, empty_root):
+    library = ReplayNvml(h200, init_error="NVMLError_LibraryNotFound")
+    checks = health(h200, empty_root, sets=["expect.gpu_count=8"], library=library)
+    assert bad(checks) == [("expect.gpu_count", Status.FAIL, "node:n1")]
+    count = only(checks, "expect.gpu_count")[0]
+    assert "0 GPUs visible, 8 expected: no NVIDIA driver" in count.detail
+    assert "install or load the NVIDIA driver" in count.detail
+    skipped = [c for c in checks if c.status is Status.SKIP]
+    assert {c.name for c in skipped} >= {"ecc", "clocks", "pcie", "nvlink", "xid", "smoke.matmul"}
+    assert all("no NVIDIA driver" in c.detail for c in skipped if c.name != "infiniband.state")
+
+
+def test_no_driver_with_the_cpu_profile_passes(h200, empty_root):
+    library = ReplayNvml(h200, init_error="NVMLError_LibraryNotFound")
+    checks = node_health(load_profile("cpu"), NODE, library=library, root=empty_root, kmsg=None)
+    assert bad(checks) == []
+    assert verdict(checks) is Status.PASS  # expect.gpu_count: 0 is shown to hold
+
+
+def test_health_skip_leaves_families_out_and_rejects_unknown_names(h200, empty_root):
+    checks = health(h200, empty_root, sets=["health.skip=[smoke, xid]"])
+    assert not [c for c in checks if c.name.startswith(("smoke", "xid"))]
+    with pytest.raises(UsageError, match="unknown health check 'smok' \\(did you mean 'smoke'\\?\\)"):
+        health(h200, empty_root, sets=["health.skip=[smok]"])
+
+
+def test_health_section_rejects_unknown_keys():
+    with pytest.raises(
+        UsageError, match="unknown key 'health.xid_windw_s' \\(did you mean 'xid_window_s'\\?\\)"
+    ):
+        load_profile("cpu", ["health.xid_windw_s=2"])
+
+
+# --- the CUDA smoke test, on the CPU device ---------------------------------------------------------------
+
+
+def test_smoke_matmul_matches_the_cpu_reference():
+    import torch
+
+    passed, detail = smoke.smoke(torch.device("cpu"))
+    assert passed, detail
+
+
+def test_smoke_catches_an_unwritten_output_and_a_wrong_element(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(smoke, "multiply", lambda a, b, out: None)  # a kernel that never ran
+    passed, detail = smoke.smoke(torch.device("cpu"))
+    assert not passed and f"{smoke.SIZE**2} of {smoke.SIZE**2} output elements were never written" in detail
+
+    def one_bit_flip(a, b, out):
+        torch.matmul(a, b, out=out)
+        out[7, 11] += 2.0**-20  # a flipped mantissa bit, far below fp32 noise yet far above fp64's
+
+    monkeypatch.setattr(smoke, "multiply", one_bit_flip)
+    passed, detail = smoke.smoke(torch.device("cpu"))
+    assert not passed and "1 of" in detail and "differ from the CPU result" in detail
+
+
+class FakeCuda:
+    """torch as the smoke family sees it on a GPU machine: CUDA numbers the recorded GPUs in reverse."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def __init__(self, recording, with_uuid=True):
+        self.props = []
+        for device in reversed(recording["devices"]):
+            pci = device["nvmlDeviceGetPciInfo"]
+            uuid = device["nvmlDeviceGetUUID"].removeprefix("GPU-") if with_uuid else ""
+            self.props.append(
+                SimpleNamespace(
+                    uuid=uuid, pci_domain_id=pci["domain"], pci_bus_id=pci["bus"], pci_device_id=pci["device"]
+                )
+            )
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return len(self.props)
+
+    def get_device_properties(self, index):
+        return self.props[index]
+
+
+@pytest.mark.parametrize("with_uuid", [True, False], ids=["by-uuid", "by-pci-bus-id"])
+def test_smoke_runs_on_the_cuda_device_of_each_nvml_gpu(h200, empty_root, monkeypatch, with_uuid):
+    cuda = FakeCuda(h200, with_uuid)
+    monkeypatch.setitem(
+        sys.modules,
+        "torch",
+        SimpleNamespace(cuda=cuda, device=lambda kind, index: SimpleNamespace(type=kind, index=index)),
+    )
+    ran = []
+
+    def fake_smoke(device):
+        ran.append(device.index)
+        if device.index == 0:  # CUDA device 0 is NVML's GPU 1
+            return False, "3 of 262144 elements differ from the CPU result (max error 0.5)"
+        return True, "matches"
+
+    monkeypatch.setattr(smoke, "smoke", fake_smoke)
+    checks = health(h200, empty_root)
+    assert ran == [1, 0]  # NVML GPU 0 -> CUDA 1, NVML GPU 1 -> CUDA 0
+    assert bad(checks) == [("smoke.matmul", Status.FAIL, "gpu:n1/1")]
+    detail = only(checks, "smoke.matmul", Status.FAIL)[0].detail
+    assert "3 of 262144 elements differ" in detail and "dcgmi diag -r 3" in detail
+
+    def cuda_error(device):
+        raise RuntimeError("CUDA error: uncorrectable ECC error encountered\nmore lines")
+
+    monkeypatch.setattr(smoke, "smoke", cuda_error)
+    failed = only(health(h200, empty_root), "smoke.matmul", Status.FAIL)
+    assert [c.scope for c in failed] == ["gpu:n1/0", "gpu:n1/1"]
+    assert "CUDA failed on this GPU (CUDA error: uncorrectable ECC error encountered)" in failed[0].detail
+
+
+# --- the command, as a user runs it ----------------------------------------------------------------------
+
+
+def _read(directory: Path) -> dict:
+    document = json.loads((directory / "result.json").read_text())
+    jsonschema.validate(document, json_schema())
+    suite = ET.parse(directory / "junit.xml").getroot().find("testsuite")
+    assert suite.get("tests") == str(len(document["checks"]))
+    assert suite.get("failures") == str(sum(c["status"] == "FAIL" for c in document["checks"]))
+    return document
+
+
+def test_cli_health_on_this_cpu_machine_passes_with_the_cpu_profile(gpuval, tmp_path):
+    proc = gpuval(["health", "--output", str(tmp_path / "out")], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gpuval health" in proc.stdout and "profile cpu" in proc.stdout
+    document = _read(tmp_path / "out")
+    assert document["verdict"] == "PASS" and document["profile"] == "cpu" and document["measurements"] == []
+    statuses = {c["name"]: c["status"] for c in document["checks"]}
+    assert statuses["expect.gpu_count"] == "PASS"
+    assert statuses["ecc"] == "SKIP" and statuses["smoke.matmul"] == "SKIP"
+
+
+def test_cli_health_expecting_8_gpus_without_a_driver_fails(gpuval, tmp_path):
+    proc = gpuval(
+        ["health", "--set", "expect.gpu_count=8", "--output", str(tmp_path / "out"), "--json"], tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    document = json.loads(proc.stdout)
+    assert document == _read(tmp_path / "out")
+    failed = [c for c in document["checks"] if c["status"] == "FAIL"]
+    assert [(c["name"], c["value"]) for c in failed] == [("expect.gpu_count", 0)]
+    assert "0 GPUs visible, 8 expected" in failed[0]["detail"]
+
+
+def test_cli_health_broken_profile_is_a_usage_error(gpuval, assert_usage_error, write_profile, tmp_path):
+    path = write_profile("name: x\nexpect:\n  gpu_count: 8: 9\n", "broken.yaml")
+    proc = gpuval(["health", "--profile", str(path), "--output", str(tmp_path / "out")], tmp_path)
+    assert_usage_error(proc, "broken YAML at line 3", str(path))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_health_unknown_family_in_skip_is_a_usage_error(gpuval, assert_usage_error, tmp_path):
+    out = tmp_path / "out"
+    proc = gpuval(
+        ["health", "--profile", "cpu", "--set", "health.skip=[nvlnk]", "--output", str(out)], tmp_path
+    )
+    assert_usage_error(proc, "unknown health check 'nvlnk'", "did you mean 'nvlink'")
+    assert not out.exists()
