@@ -21,6 +21,7 @@ from nvml_replay import ReplayNvml, load
 from gpuval.config import load_profile
 from gpuval.errors import UsageError
 from gpuval.health import pcie, smoke, xid
+from gpuval.health import sdc as health_sdc
 from gpuval.health._common import bus_key
 from gpuval.health.run import health_result, node_health
 from gpuval.nvml import snapshot
@@ -106,7 +107,13 @@ def test_healthy_h200_recording_passes(h200, empty_root, quiet_kmsg):
     }
     # What this recording cannot show: H200 remaps rows instead of retiring pages, the machine has no
     # InfiniBand, this test process has no CUDA, and the replay has no NVML event API.
-    assert set(skipped) == {"ecc.retired_pages", "infiniband.state", "smoke.matmul", "xid.events"}
+    assert set(skipped) == {
+        "ecc.retired_pages",
+        "infiniband.state",
+        "smoke.matmul",
+        "sdc.bitwise",
+        "xid.events",
+    }
     assert "NotSupported" in skipped["ecc.retired_pages"] and "remaps rows" in skipped["ecc.retired_pages"]
     assert skipped["infiniband.state"] == "no InfiniBand port on this node"
     assert "without CUDA" in skipped["smoke.matmul"] or "hides every GPU" in skipped["smoke.matmul"]
@@ -574,6 +581,7 @@ def test_smoke_runs_on_the_cuda_device_of_each_nvml_gpu(h200, empty_root, monkey
         return True, "matches"
 
     monkeypatch.setattr(smoke, "smoke", fake_smoke)
+    monkeypatch.setattr(health_sdc, "device_result", same_fingerprint)
     checks = health(h200, empty_root)
     assert ran == [1, 0]  # NVML GPU 0 -> CUDA 1, NVML GPU 1 -> CUDA 0
     assert bad(checks) == [("smoke.matmul", Status.FAIL, "gpu:n1/1")]
@@ -587,6 +595,30 @@ def test_smoke_runs_on_the_cuda_device_of_each_nvml_gpu(h200, empty_root, monkey
     failed = only(health(h200, empty_root), "smoke.matmul", Status.FAIL)
     assert [c.scope for c in failed] == ["gpu:n1/0", "gpu:n1/1"]
     assert "CUDA failed on this GPU (CUDA error: uncorrectable ECC error encountered)" in failed[0].detail
+
+
+def same_fingerprint(device, scope):
+    return {"scope": scope, "model": "NVIDIA H200 (132 SMs)", "first": "ab" * 32, "second": "ab" * 32}
+
+
+def test_sdc_names_the_nvml_gpu_whose_bytes_differ(h200, empty_root, monkeypatch):
+    cuda = FakeCuda(h200, with_uuid=True)
+    monkeypatch.setitem(
+        sys.modules,
+        "torch",
+        SimpleNamespace(cuda=cuda, device=lambda kind, index: SimpleNamespace(type=kind, index=index)),
+    )
+    monkeypatch.setattr(smoke, "smoke", lambda device: (True, "matches"))
+    h200["device_count"] = 2
+
+    def fingerprints(device, scope):  # CUDA device 0 is NVML's GPU 1: it computes different bytes
+        result = same_fingerprint(device, scope)
+        return {**result, "first": "cd" * 32, "second": "cd" * 32} if device.index == 0 else result
+
+    monkeypatch.setattr(health_sdc, "device_result", fingerprints)
+    checks = only(health(h200, empty_root), "sdc.bitwise", Status.FAIL)
+    # two GPUs that disagree: no majority names the wrong one, so both are suspect
+    assert sorted(c.scope for c in checks) == ["gpu:n1/0", "gpu:n1/1"]
 
 
 # --- the command, as a user runs it ----------------------------------------------------------------------

@@ -48,9 +48,10 @@ def test_a_gpu_that_disagrees_with_itself_fails_even_alone():
     assert check.status is Status.FAIL and "two runs of one computation differ" in check.detail
 
 
-def test_no_majority_is_a_warning_not_a_guess():
+def test_no_majority_fails_every_suspect_device():
     checks = judge([gpu(0, "aa"), gpu(1, "bb")])
-    assert set(statuses(checks).values()) == {Status.WARN}
+    assert set(statuses(checks).values()) == {Status.FAIL}
+    assert all("no majority" in c.detail for c in checks)
 
 
 def test_models_are_compared_only_with_their_own_kind():

@@ -33,31 +33,28 @@ def _fingerprint(device: Any, size: int, steps: int) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def local_result(runtime: Any, size: int | None = None, steps: int = 8) -> dict[str, Any]:
-    """This rank's fingerprint, computed twice on its own device."""
-    device = runtime.device
+def device_result(device: Any, scope: str, size: int | None = None, steps: int = 8) -> dict[str, Any]:
+    """The fingerprint of one device, computed twice, with the model it is compared within."""
     if size is None:
         size = 4096 if device.type == "cuda" else 256
     first, second = _fingerprint(device, size, steps), _fingerprint(device, size, steps)
     if device.type == "cuda":
         import torch
 
-        model = torch.cuda.get_device_name(device)
-        multiprocessors = torch.cuda.get_device_properties(device).multi_processor_count
-        scope = f"gpu:{runtime.node_name}/{device.index}"
+        properties = torch.cuda.get_device_properties(device)
+        model = f"{properties.name} ({properties.multi_processor_count} SMs)"
     else:
         import platform
 
-        model, multiprocessors = platform.processor() or "cpu", 0
-        scope = f"cpu:{runtime.node_name}/{runtime.local_rank}"
-    return {
-        "scope": scope,
-        "model": f"{model} ({multiprocessors} SMs)" if multiprocessors else model,
-        "first": first,
-        "second": second,
-        "size": size,
-        "steps": steps,
-    }
+        model = platform.processor() or platform.machine() or "cpu"
+    return {"scope": scope, "model": model, "first": first, "second": second, "size": size, "steps": steps}
+
+
+def local_result(runtime: Any) -> dict[str, Any]:
+    """This rank's fingerprint on its own device."""
+    device = runtime.device
+    where = device.index if device.type == "cuda" else runtime.local_rank
+    return device_result(device, f"{'gpu' if device.type == 'cuda' else 'cpu'}:{runtime.node_name}/{where}")
 
 
 def judge(results: list[dict[str, Any]]) -> list[Check]:
@@ -76,9 +73,12 @@ def judge(results: list[dict[str, Any]]) -> list[Check]:
             if peer["first"] != peer["second"]:
                 status = Status.FAIL
                 detail = f"two runs of one computation differ here ({mine} vs {rerun}): {diagnose}"
-            elif contested:
-                status = Status.WARN
-                detail = f"no majority among {len(peers)} {model} devices ({distinct} results): {diagnose}"
+            elif contested:  # a fault for sure, but no majority says where: every device is suspect
+                status = Status.FAIL
+                detail = (
+                    f"no majority among {len(peers)} {model} devices ({distinct} different results), "
+                    f"so this one is suspect: {diagnose} on each"
+                )
             elif peer["first"] != majority:
                 status = Status.FAIL
                 detail = (

@@ -68,7 +68,17 @@ def _cuda_devices(torch: Any) -> tuple[dict[str, int], dict[tuple[int, int, int]
     return by_uuid, by_bus
 
 
-def _why_no_cuda(torch: Any) -> tuple[Status, str]:
+def cuda_indices(torch: Any, gpus: list[Any]) -> list[tuple[Any, int | None]]:
+    """Each NVML GPU with its CUDA device index (None where CUDA cannot see it)."""
+    by_uuid, by_bus = _cuda_devices(torch)
+    pairs = []
+    for gpu in gpus:
+        index = by_uuid.get(str(gpu.uuid))
+        pairs.append((gpu, index if index is not None else by_bus.get(bus_key(gpu.pci_bus_id))))
+    return pairs
+
+
+def why_no_cuda(torch: Any) -> tuple[Status, str]:
     if torch.version.cuda is None:
         return Status.SKIP, f"this torch ({torch.__version__}) is built without CUDA"
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
@@ -96,15 +106,11 @@ def run(ctx: HealthContext) -> list[Check]:
     import torch
 
     if not torch.cuda.is_available():
-        status, reason = _why_no_cuda(torch)
+        status, reason = why_no_cuda(torch)
         return [Check(name="smoke.matmul", status=status, scope=node_scope(ctx.node), detail=reason)]
-    by_uuid, by_bus = _cuda_devices(torch)
     checks = []
-    for gpu in gpus:
+    for gpu, index in cuda_indices(torch, gpus):
         scope = gpu_scope(ctx.node, gpu.index)
-        index = by_uuid.get(str(gpu.uuid))
-        if index is None:
-            index = by_bus.get(bus_key(gpu.pci_bus_id))
         if index is None:
             checks.append(skip("smoke.matmul", scope, "CUDA cannot see this GPU (CUDA_VISIBLE_DEVICES?)"))
             continue
