@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gpuval.accept import expect_checks
 from gpuval.config import load_profile
 from gpuval.errors import UsageError
+from gpuval.health.gpu import expect_checks
 from gpuval.results import Status, generated_schema, json_schema
 from gpuval.suite import plan_benchmarks
 
@@ -85,7 +85,24 @@ def test_two_rank_result_json(two_ranks):
     assert document["world"] == {"size": 2, "nodes": 1, "backend": "gloo"}
     assert document["settings"]["quick"] is True
     assert document["command"][:2] == ["gpuval", "accept"]
-    assert all(c["status"] in ("PASS", "WARN") for c in document["checks"]), document["checks"]
+    benchmark = bench_checks(document)
+    assert benchmark and all(c["status"] in ("PASS", "WARN") for c in benchmark), benchmark
+    # no NVIDIA driver here: the GPU health families SKIP with that reason; count and SDC can still pass
+    for check in document["checks"]:
+        if check not in benchmark and check["name"] not in ("expect.gpu_count", "sdc.bitwise"):
+            assert check["status"] == "SKIP", check
+            assert "no NVIDIA driver" in check["detail"] or "InfiniBand" in check["detail"], check
+    assert {c["status"] for c in document["checks"] if c["name"] in ("expect.gpu_count", "sdc.bitwise")} == {
+        "PASS"
+    }
+
+
+def bench_checks(document: dict) -> list[dict]:
+    """The checks that judge benchmarks, without the health checks that run before them."""
+    from gpuval.health import all_checks
+
+    health = set(all_checks()) | {"expect", "gpu", "fleet"}
+    return [c for c in document["checks"] if c["name"].split(".")[0] not in health]
 
 
 def test_two_rank_measurements(two_ranks):
@@ -191,7 +208,7 @@ def test_error_exits_3_and_json_goes_to_stdout(gpuval, write_profile, tmp_path):
     assert json.loads(proc.stdout) == document  # --json prints exactly the file
     assert document["verdict"] == "ERROR"
     assert document["profile"] == "err"
-    statuses = {c["name"]: c["status"] for c in document["checks"]}
+    statuses = {c["name"]: c["status"] for c in bench_checks(document)}
     assert statuses == {"membw.nonexistent_tbps": "ERROR", "membw.copy_tbps": "PASS"}
     error = next(c for c in document["checks"] if c["status"] == "ERROR")
     assert "nonexistent_tbps" in error["detail"]
@@ -213,7 +230,7 @@ def test_fail_outranks_error_in_the_exit_code(gpuval, write_profile, tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     document, suite = _read(out)
     assert document["verdict"] == "FAIL"
-    assert sorted(c["status"] for c in document["checks"]) == ["ERROR", "FAIL"]
+    assert sorted(c["status"] for c in bench_checks(document)) == ["ERROR", "FAIL"]
     _junit_matches(document, suite)
 
 
@@ -302,3 +319,64 @@ def test_cpu_profile_expects_no_gpus():
     assert [(c.name, c.status, c.scope) for c in checks] == [
         ("expect.gpu_count", Status.PASS, "node:cpu-box")
     ]
+
+
+# --- health first: a node that fails it gets no benchmark verdicts -------------------------------------
+
+
+def test_node_scope_parsing_and_failed_nodes():
+    from gpuval.accept import failed_nodes, node_of
+    from gpuval.results import Check, Status
+
+    assert [node_of(s) for s in ("gpu:n1/3", "node:n2", "link:n3/gpu0-nvlink5", "cpu:n4/0", "cluster")] == [
+        "n1",
+        "n2",
+        "n3",
+        "n4",
+        None,
+    ]
+    checks = [
+        Check(name="ecc.uncorrected_volatile", status=Status.FAIL, scope="gpu:n1/3"),
+        Check(name="nvlink.state", status=Status.FAIL, scope="link:n1/gpu0-nvlink5"),
+        Check(name="pcie.generation", status=Status.WARN, scope="gpu:n2/0"),
+        Check(name="fleet.driver", status=Status.FAIL, scope="cluster"),
+    ]
+    assert failed_nodes(checks) == {"n1": "ecc.uncorrected_volatile on gpu:n1/3"}
+
+
+def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
+    """No GPU here but 8 expected: the count fails, collectives are not run, the node's benchmarks SKIP."""
+    out = tmp_path / "out"
+    proc = gpuval(["accept", "--quick", "--output", str(out), "--set", "expect.gpu_count=8"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    jsonschema.validate(result, json_schema())
+    by_name: dict[str, list[dict]] = {}
+    for check in result["checks"]:
+        by_name.setdefault(check["name"], []).append(check)
+    [count] = by_name["expect.gpu_count"]
+    assert count["status"] == "FAIL" and count["value"] == 0
+    node = count["scope"].split(":", 1)[1]
+    for name in ("all_reduce.busbw_gbps", "sendrecv.busbw_gbps"):
+        [check] = by_name[name]
+        assert check["status"] == "SKIP"
+        assert "failed health" in check["detail"] and f"{node}: expect.gpu_count" in check["detail"]
+    assert "all_reduce" not in {m["name"] for m in result["measurements"]}  # really not run
+    for check in by_name["matmul.fp32_tflops"]:
+        assert check["status"] == "SKIP" and f"node {node} failed health" in check["detail"]
+    assert result["verdict"] == "FAIL"
+
+
+def test_shared_directory_is_checked_when_the_profile_names_one(tmp_path, gpuval):
+    out, shared = tmp_path / "out", tmp_path / "shared"
+    shared.mkdir()
+    proc = gpuval(
+        ["accept", "--quick", "--output", str(out), "--set", f"health.shared_dir={shared}"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    [fs] = [c for c in result["checks"] if c["name"] == "fleet.shared_fs"]
+    assert fs["status"] == "PASS" and str(shared) in fs["detail"]
+    sdc = [c for c in result["checks"] if c["name"] == "sdc.bitwise"]
+    assert len(sdc) == 2 and {c["status"] for c in sdc} == {"PASS"}  # both ranks, bit-identical
+    assert list(shared.iterdir()) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -13,22 +14,98 @@ from gpuval.bench.registry import all_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
-from gpuval.health.gpu import expect_checks
 from gpuval.results import Check, Result, Status, verdict
 from gpuval.suite import run_benchmarks
+
+
+def node_of(scope: str) -> str | None:
+    """'gpu:node1/3' -> 'node1'; 'node:node1' -> 'node1'; 'cluster' -> None."""
+    if ":" not in scope:
+        return None
+    return scope.split(":", 1)[1].split("/", 1)[0]
+
+
+def failed_nodes(checks: list[Check]) -> dict[str, str]:
+    """Node -> its first failed health check, for every node that failed one."""
+    failed: dict[str, str] = {}
+    for check in checks:
+        node = node_of(check.scope)
+        if check.status is Status.FAIL and node is not None:
+            failed.setdefault(node, f"{check.name} on {check.scope}")
+    return failed
+
+
+def _excuse(checks: list[Check], failed: dict[str, str]) -> list[Check]:
+    """Benchmark checks on a node that failed health are SKIP: its numbers would say nothing new."""
+    out = []
+    for check in checks:
+        node = node_of(check.scope)
+        if node in failed:
+            check = check.model_copy(
+                update={
+                    "status": Status.SKIP,
+                    "detail": f"node {node} failed health ({failed[node]}): its benchmarks are not judged",
+                }
+            )
+        out.append(check)
+    return out
+
+
+def run_health_phase(runtime: Any, profile: Profile) -> tuple[list[dict[str, Any]], list[Check]]:
+    """Every node's inventory and health (on its first rank), the SDC fingerprints of every rank, and
+    the checks across nodes. Returns (node inventories, checks) on rank 0; empty lists elsewhere."""
+    from gpuval.fleet import heterogeneity_checks, shared_fs_checks
+    from gpuval.health.run import node_health
+    from gpuval.nvml import snapshot
+    from gpuval.sdc import run_sdc
+
+    ranks = runtime.all_gather_object((runtime.node_name, os.getpid()))
+    own_pids = {pid for node, pid in ranks if node == runtime.node_name}  # gpuval's ranks are not foreign
+    mine = None
+    if runtime.local_rank == 0:
+        nvml = snapshot()
+        checks = node_health(
+            profile, runtime.node_name, own_pids=own_pids, snapshot=nvml, exclude=frozenset({"sdc"})
+        )  # run_sdc below compares every rank instead
+        mine = (node_inventory(runtime.node_name), [c.model_dump(mode="json") for c in checks])
+    gathered = [part for part in runtime.all_gather_object(mine) if part is not None]
+    sdc = run_sdc(runtime)
+    shared = shared_fs_checks(runtime, profile.health.shared_dir) if profile.health.shared_dir else None
+    if not runtime.is_main:
+        return [], []
+    nodes = [inventory for inventory, _ in gathered]
+    checks = [Check.model_validate(c) for _, node_checks in gathered for c in node_checks]
+    checks += sdc or []
+    checks += shared or []
+    if len(nodes) > 1:
+        checks += heterogeneity_checks(nodes)
+    return nodes, checks
 
 
 def run_accept(
     runtime: Any, profile: Profile, plan: dict[str, Any], quick: bool, progress=lambda bench, message: None
 ) -> Result | None:
-    """Run on every rank; returns the Result on rank 0 (None elsewhere)."""
+    """Run on every rank; returns the Result on rank 0 (None elsewhere).
+
+    Health runs first. When a node fails it, the collectives (which would run through that node) are not
+    run, and the other benchmarks' checks on that node are SKIP with the reason; the verdict is FAIL.
+    """
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
-    inventories = runtime.all_gather_object(
-        node_inventory(runtime.node_name) if runtime.local_rank == 0 else None
-    )
-    nodes = [inventory for inventory in inventories if inventory is not None]
+    progress("health", "checking")
+    nodes, health_checks = run_health_phase(runtime, profile)
+    failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
+    progress("health", "done")
+    not_run: dict[str, tuple[Status, str]] = {}
+    if failed and "collectives" in plan:
+        listed = "; ".join(f"{node}: {reason}" for node, reason in sorted(failed.items()))
+        not_run["collectives"] = (
+            Status.SKIP,
+            f"not run: collectives would cross node(s) that failed health ({listed})",
+        )
+        plan = {name: options for name, options in plan.items() if name != "collectives"}
     outcome = run_benchmarks(runtime, plan, quick, progress)
+    outcome.not_run.update(not_run)
     if not runtime.is_main:
         return None
 
@@ -36,13 +113,13 @@ def run_accept(
     producers = {produced: name for name, bench in benchmarks.items() for produced in bench.produces}
     outliers = {name: benchmarks[name].outlier_metrics for name in plan if benchmarks[name].outlier_metrics}
     measurements = outcome.measurements + outlier_measurements(outcome.measurements, outliers)
-    checks = expect_checks(profile, nodes)
-    checks += threshold_checks(profile, measurements, outcome.not_run, producers)
-    checks += correctness_checks(measurements)
-    covered = {producers.get(c.name.split(".")[0]) for c in checks}
+    bench_checks = threshold_checks(profile, measurements, outcome.not_run, producers)
+    bench_checks += correctness_checks(measurements)
+    covered = {producers.get(c.name.split(".")[0]) for c in bench_checks}
     for name, (status, reason) in outcome.not_run.items():
         if status is Status.ERROR and name not in covered:
-            checks.append(Check(name=f"{name}.run", status=Status.ERROR, detail=reason))
+            bench_checks.append(Check(name=f"{name}.run", status=Status.ERROR, detail=reason))
+    checks = health_checks + _excuse(bench_checks, failed)
     return Result(
         verdict=verdict(checks),
         started_at=started_at.isoformat(timespec="seconds"),

@@ -137,7 +137,7 @@ def accept(
                 )
             if runtime.is_main:
                 with _progress() as bar:
-                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in plan}
+                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
                     result = run_accept(
                         runtime,
                         loaded,

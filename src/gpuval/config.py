@@ -60,6 +60,9 @@ class HealthSettings(_Strict):
     skip: list[str] = Field(
         default_factory=list, description="health families not to run, e.g. [smoke, xid] (gpuval health)"
     )
+    shared_dir: Path | None = Field(
+        None, description="a directory every node must see as one file system (gpuval accept, many nodes)"
+    )
 
 
 class RuntimeSettings(_Strict):

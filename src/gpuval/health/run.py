@@ -38,6 +38,7 @@ def node_health(
     kmsg: Path | None = Path("/dev/kmsg"),
     own_pids: set[int] | None = None,
     snapshot: NvmlSnapshot | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[Check]:
     """Every health check of this node. `library` is pynvml or a replay; `snapshot` saves a second read."""
     ctx = HealthContext(
@@ -49,7 +50,7 @@ def node_health(
         own_pids={os.getpid()} if own_pids is None else own_pids,
         library=library,
     )
-    return run_health(ctx, families(profile))
+    return run_health(ctx, families(profile) - exclude)
 
 
 def health_result(
