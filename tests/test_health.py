@@ -670,3 +670,22 @@ def test_cli_health_unknown_family_in_skip_is_a_usage_error(gpuval, assert_usage
     )
     assert_usage_error(proc, "unknown health check 'nvlnk'", "did you mean 'nvlink'")
     assert not out.exists()
+
+
+def test_health_under_torchrun_gathers_every_rank(tmp_path):
+    from conftest import cli_env, run_cli
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    out = tmp_path / "out"
+    proc = run_cli(
+        ["health", "--output", str(out)],
+        tmp_path,
+        program=[str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "gpuval"],
+        env=cli_env(OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    document = _read(out)
+    assert document["world"]["size"] == 2 and len(document["inventory"]["nodes"]) == 1
+    sdc = sorted(c["scope"] for c in document["checks"] if c["name"] == "sdc.bitwise")
+    assert [s.rsplit("/", 1)[1] for s in sdc] == ["0", "1"]  # one fingerprint per rank, compared at rank 0
+    assert document["verdict"] == "PASS"

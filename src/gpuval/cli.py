@@ -295,7 +295,8 @@ def health(
     from gpuval.health.run import families, health_result, node_health
     from gpuval.nvml import available, snapshot
     from gpuval.report.console import print_result
-    from gpuval.runtime import node_name
+    from gpuval.results import World
+    from gpuval.runtime import launcher_env, node_name
 
     started_at, began = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
     nvml = snapshot()  # read once: it picks the profile (as discover.local_gpu_names would) and is judged
@@ -304,17 +305,40 @@ def health(
     families(loaded)  # an unknown name in health.skip is bad input: say so before any work
     if output is None:
         output = Path("gpuval-results") / f"health-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
-    ensure_writable_dir(output)
+    if os.environ.get("RANK", "0") == "0":
+        ensure_writable_dir(output)
     node = node_name()
-    checks = node_health(loaded, node, snapshot=nvml)
-    result = health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began)
-    paths = write_reports(result, output)
-    if json_:
-        sys.stdout.write(result.to_json())
-    else:
-        print_result(result, console, title=f"gpuval health · {node} · profile {loaded.name}")
-        console.print(f"wrote {', '.join(str(p) for p in paths)}")
-    return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
+
+    def report(result) -> int:
+        paths = write_reports(result, output)
+        if json_:
+            sys.stdout.write(result.to_json())
+        else:
+            where = node if result.world.nodes == 1 else f"{result.world.nodes} nodes"
+            print_result(result, console, title=f"gpuval health · {where} · profile {loaded.name}")
+            console.print(f"wrote {', '.join(str(p) for p in paths)}")
+        return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
+
+    if launcher_env() == "single":  # one node, one process: no process group needed
+        checks = node_health(loaded, node, snapshot=nvml)
+        return report(health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began))
+
+    def across_nodes() -> int:  # under torchrun/srun: every node's health, SDC on every rank, fleet checks
+        from gpuval.accept import run_health_phase
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        try:
+            nodes, checks = run_health_phase(runtime, loaded)
+            world = World.model_validate(runtime.world_info())
+        finally:
+            runtime.shutdown()
+        if not runtime.is_main:
+            return EXIT_PASS
+        duration_s = time.perf_counter() - began
+        return report(health_result(loaded, node, checks, None, started_at, duration_s, nodes, world))
+
+    return _distributed(None, across_nodes)
 
 
 @app.command()

@@ -57,18 +57,21 @@ def health_result(
     profile: Profile,
     node: str,
     checks: list[Check],
-    snapshot: NvmlSnapshot,
+    snapshot: NvmlSnapshot | None,
     started_at: str,
     duration_s: float,
+    nodes: list[dict[str, Any]] | None = None,
+    world: World | None = None,
 ) -> Result:
-    """result.json of `gpuval health`: checks and the NVML view they judged; no measurements."""
+    """result.json of `gpuval health`: checks and what they judged (this node's NVML view, or every
+    node's inventory when run across nodes); no measurements."""
     return Result(
         verdict=verdict(checks),
         started_at=started_at,
         duration_s=round(duration_s, 3),
         profile=profile.name,
-        world=World(size=1, nodes=1, backend="none"),
-        inventory={"nodes": [{"node": node, "nvml": snapshot.to_json()}]},
+        world=world or World(size=1, nodes=1, backend="none"),
+        inventory={"nodes": nodes if nodes is not None else [{"node": node, "nvml": snapshot.to_json()}]},
         checks=checks,
         gpuval_version=__version__,
         command=["gpuval", *sys.argv[1:]],
