@@ -196,6 +196,7 @@ def bench(
 
     def work() -> int:
         from gpuval.atomic import write_text_atomic
+        from gpuval.discover import node_inventory
         from gpuval.report.console import print_measurements
         from gpuval.runtime import init_runtime
         from gpuval.suite import run_benchmarks
@@ -215,6 +216,14 @@ def bench(
             else:
                 outcome = run_benchmarks(runtime, {benchmark.name: options}, quick)
             world = runtime.world_info()
+            # provenance: what ran it (GPUs, driver, NCCL, torch), from the first rank of every node
+            nodes = [
+                n
+                for n in runtime.all_gather_object(
+                    node_inventory(runtime.node_name) if runtime.local_rank == 0 else None
+                )
+                if n is not None
+            ]
         finally:
             runtime.shutdown()
         if not runtime.is_main:
@@ -230,6 +239,7 @@ def bench(
             "detail": reason,
             "options": options.model_dump(mode="json"),
             "command": ["gpuval", *sys.argv[1:]],
+            "inventory": {"nodes": nodes},
             "measurements": [m.model_dump(mode="json") for m in outcome.measurements],
         }
         text = json.dumps(document, indent=2) + "\n"
