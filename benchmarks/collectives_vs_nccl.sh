@@ -4,15 +4,7 @@
 # Writes under $OUT: nccl_reference.jsonl, gpuval_graph.json, gpuval_eager.json (EAGER=0 skips it),
 # compare.json, collectives_log.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/gpuval-out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_env.sh"
 exec > >(tee "$OUT/collectives_log.txt") 2>&1
 NCCL_DIR=$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")
 nvcc -O2 -std=c++17 -arch=sm_90 -I"$NCCL_DIR/include" benchmarks/nccl_reference.cu -o /tmp/nccl_reference \

@@ -6,16 +6,9 @@
 set -uo pipefail
 PROFILE=${1:?profile}
 TIERS=${TIERS:-"quick standard"}
-OUT=${OUT:-/tmp/gpuval-out}
+source "$(dirname "$0")/device_env.sh"
 RUNS=/tmp/gpuval-runs
-mkdir -p "$OUT" "$RUNS"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD/src
-else
-  export PYTHONPATH=$PWD/src
-fi
-export PYTHONUNBUFFERED=1
+mkdir -p "$RUNS"
 exec > >(tee "$OUT/log.txt") 2>&1
 
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')

@@ -309,3 +309,35 @@ def test_gpu_index_binds_local_rank_or_the_only_visible_gpu(local_rank, visible,
 def test_gpu_index_without_a_gpu_for_the_rank_is_a_one_line_error():
     with pytest.raises(RunError, match=r"local rank 4 has no GPU: 2 visible"):
         rt.gpu_index(4, 2)
+
+
+@pytest.mark.parametrize(
+    ("device", "visible", "expected"),
+    [
+        (("cpu", None), None, "cpu:n1/1"),
+        (("cuda", 1), None, "gpu:n1/1"),
+        (("cuda", 0), "5", "gpu:n1/5"),  # srun --gpus-per-task=1: the task's only GPU is the node's GPU 5
+        (("cuda", 1), "4,6", "gpu:n1/6"),
+        (("cuda", 0), "GPU-1234", "gpu:n1/0"),  # UUIDs: no number to map to, CUDA's own index is kept
+    ],
+)
+def test_device_scope_uses_the_nodes_gpu_numbering(monkeypatch, device, visible, expected):
+    from types import SimpleNamespace
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    runtime = rt.Runtime(
+        rank=1,
+        world_size=2,
+        local_rank=1,
+        local_world_size=2,
+        node_rank=0,
+        node_name="n1",
+        backend="gloo",
+        device=SimpleNamespace(type=device[0], index=device[1]),
+        launcher="torchrun",
+        timeout_s=60,
+    )
+    assert runtime.device_scope == expected

@@ -45,6 +45,20 @@ class Runtime:
     def on_gpu(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def device_scope(self) -> str:
+        """This rank's device as a check scope: 'gpu:NODE/INDEX' with the node's own GPU numbering (what
+        nvidia-smi and gpuval health call it, also when CUDA_VISIBLE_DEVICES renumbers), 'cpu:NODE/RANK'."""
+        if not self.on_gpu:
+            return f"cpu:{self.node_name}/{self.local_rank}"
+        visible = [
+            part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()
+        ]
+        index = self.device.index
+        if index < len(visible) and visible[index].isdigit():
+            index = int(visible[index])
+        return f"gpu:{self.node_name}/{index}"
+
     def barrier(self) -> None:
         import torch.distributed as dist
 

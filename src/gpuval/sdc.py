@@ -52,9 +52,7 @@ def device_result(device: Any, scope: str, size: int | None = None, steps: int =
 
 def local_result(runtime: Any) -> dict[str, Any]:
     """This rank's fingerprint on its own device."""
-    device = runtime.device
-    where = device.index if device.type == "cuda" else runtime.local_rank
-    return device_result(device, f"{'gpu' if device.type == 'cuda' else 'cpu'}:{runtime.node_name}/{where}")
+    return device_result(runtime.device, runtime.device_scope)
 
 
 def judge(results: list[dict[str, Any]]) -> list[Check]:

@@ -118,11 +118,7 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
     runtime = ctx.runtime
     device = runtime.device
     on_gpu = device.type == "cuda"
-    scope = (
-        f"gpu:{runtime.node_name}/{runtime.local_rank}"
-        if on_gpu
-        else (f"cpu:{runtime.node_name}/{runtime.local_rank}")
-    )
+    scope = runtime.device_scope
     best: dict[str, float] = {}
     best_shape: dict[str, list[int]] = {}
     sweep: list[Measurement] = []

@@ -44,11 +44,7 @@ def run_membw(ctx: Context, options: MembwOptions) -> list[Measurement]:
     runtime = ctx.runtime
     device = runtime.device
     on_gpu = device.type == "cuda"
-    scope = (
-        f"gpu:{runtime.node_name}/{runtime.local_rank}"
-        if on_gpu
-        else f"cpu:{runtime.node_name}/{runtime.local_rank}"
-    )
+    scope = runtime.device_scope
     count = options.device_bytes // 4
     nbytes = count * 4
     src = torch.rand(count, device=device) + 0.5  # random, non-zero

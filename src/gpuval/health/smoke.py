@@ -96,26 +96,39 @@ def why_no_cuda(torch: Any) -> tuple[Status, str]:
     )
 
 
-def run(ctx: HealthContext) -> list[Check]:
+def cuda_targets(ctx: HealthContext, name: str) -> tuple[list[tuple[str, Any]], list[Check]]:
+    """The CUDA device of every GPU NVML answered for, with its scope, and the checks (named `name`)
+    for what cannot run: no GPU, no CUDA, a GPU CUDA cannot see."""
     gpus = [gpu for gpu in ctx.snapshot.gpus if reachable(gpu)]
     if not gpus:
         reason = (
             why_no_gpus(ctx.snapshot) if not ctx.snapshot.gpus else "no GPU answers NVML (see gpu.reachable)"
         )
-        return [skip("smoke.matmul", node_scope(ctx.node), reason)]
+        return [], [skip(name, node_scope(ctx.node), reason)]
     import torch
 
     if not torch.cuda.is_available():
         status, reason = why_no_cuda(torch)
-        return [Check(name="smoke.matmul", status=status, scope=node_scope(ctx.node), detail=reason)]
-    checks = []
+        return [], [Check(name=name, status=status, scope=node_scope(ctx.node), detail=reason)]
+    targets, checks = [], []
     for gpu, index in cuda_indices(torch, gpus):
         scope = gpu_scope(ctx.node, gpu.index)
         if index is None:
-            checks.append(skip("smoke.matmul", scope, "CUDA cannot see this GPU (CUDA_VISIBLE_DEVICES?)"))
-            continue
+            checks.append(skip(name, scope, "CUDA cannot see this GPU (CUDA_VISIBLE_DEVICES?)"))
+        else:
+            targets.append((scope, torch.device("cuda", index)))
+    return targets, checks
+
+
+def run(ctx: HealthContext) -> list[Check]:
+    targets, checks = cuda_targets(ctx, "smoke.matmul")
+    if not targets:
+        return checks
+    import torch
+
+    for scope, device in targets:
         try:
-            passed, detail = smoke(torch.device("cuda", index))
+            passed, detail = smoke(device)
         except torch.cuda.OutOfMemoryError as exc:
             first = str(exc).splitlines()[0]
             checks.append(

@@ -1,0 +1,12 @@
+# Sourced by the device scripts: installs carried wheels (.whl/, see the device tool's README) into
+# /tmp/site and puts them and gpuval's source on PYTHONPATH; $OUT defaults for runs outside the tool.
+OUT=${OUT:-/tmp/gpuval-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD/src
+else
+  export PYTHONPATH=$PWD/src
+fi
+export PYTHONUNBUFFERED=1
