@@ -9,7 +9,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -369,6 +369,64 @@ def schema() -> int:
     from gpuval.results import json_schema
 
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+    return EXIT_PASS
+
+
+finetune_app = typer.Typer(
+    no_args_is_help=True,
+    help="Fine-tune for function calling: synthetic data, data preparation (training and eval to come).",
+)
+app.add_typer(finetune_app, name="finetune")
+
+
+@finetune_app.command("synth")
+@_exits
+def finetune_synth(
+    n: Annotated[int, typer.Option("--n", min=1, help="number of records")],
+    output: Annotated[Path, typer.Option(help="file to write (JSONL or a JSON list)")],
+    seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
+    format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
+    values: Annotated[
+        Literal["all", "train", "holdout"],
+        typer.Option(help="argument value pools: train and holdout never share a value"),
+    ] = "all",
+) -> int:
+    """Synthetic function-calling records in Glaive v2's own format, quirks included."""
+    from gpuval.finetune.synth import write_synth
+
+    path = write_synth(n, output, seed, format_, values)
+    err_console.print(f"wrote {n} records to {path}", markup=False, highlight=False)
+    return EXIT_PASS
+
+
+@finetune_app.command("prepare")
+@_exits
+def finetune_prepare(
+    input_: Annotated[str, typer.Option("--input", help="Glaive .json/.jsonl file, or a datasets name")],
+    output: Annotated[Path, typer.Option(help="directory for train/eval/eval_unseen.jsonl and stats.json")],
+    eval_fraction: Annotated[float, typer.Option(help="in-distribution eval share of the records")] = 0.02,
+    unseen_fraction: Annotated[
+        float | None, typer.Option(help="most records held out with unseen functions (default: eval share)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the splits")] = 0,
+    json_: Annotated[bool, typer.Option("--json", help="print stats.json to stdout")] = False,
+) -> int:
+    """Glaive records to {"tools", "messages"} JSONL: train, eval and eval_unseen splits; skipped counted."""
+    from gpuval.finetune.data import prepare
+
+    stats = prepare(input_, output, eval_fraction, seed, unseen_fraction)
+    if json_:
+        sys.stdout.write(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+        return EXIT_PASS
+    splits = ", ".join(f"{name} {count}" for name, count in stats["splits"].items())
+    reasons = ", ".join(f"{reason} {count}" for reason, count in stats["skipped_by_reason"].items())
+    console.print(
+        f"{stats['kept']} of {stats['total']} records kept ({splits}); skipped {stats['skipped']}"
+        + (f" ({reasons})" if reasons else "")
+        + f"; wrote {output}",
+        markup=False,
+        highlight=False,
+    )
     return EXIT_PASS
 
 

@@ -1,0 +1,1 @@
+"""Fine-tuning for function calling: synthetic Glaive data, Glaive → messages, splits (more to come)."""

@@ -1,0 +1,209 @@
+"""`gpuval finetune prepare`: Glaive records → DIR/train.jsonl, eval.jsonl, eval_unseen.jsonl, stats.json.
+
+Each output line is `{"tools": [...], "messages": [...]}` (see glaive.py). A record that cannot be converted
+is skipped and counted by reason in stats.json; only an unreadable input or output is an error.
+
+Splits, all deterministic for a seed:
+- **Held-out functions**: the names called somewhere, sorted, shuffled with the seed, taken in that order
+  whenever the records that name them (in tools or in a call) stay within `unseen_fraction` of the kept
+  records; when none fits (small inputs), the one function named by the fewest records. Never every called
+  function, and none at fraction 0. train.jsonl and eval.jsonl never show a held-out function at all.
+- **eval_unseen** holds the records that name a held-out function and call no other function (refusals
+  with held-out tools included). A record that names a held-out function but calls a seen one belongs to
+  no split: it is counted as `excluded_mixed` in stats.json.
+- **eval** is a random `eval_fraction` of the remaining records (in-distribution); **train** the rest.
+  Both keep the input order: at fractions 0 train.jsonl is every kept record in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuval.errors import UsageError
+from gpuval.finetune.glaive import NOT_JSON, MalformedRecord, convert_record
+
+STATS_SCHEMA = "gpuval.finetune.prepare/v1"
+SPLITS = ("train", "eval", "eval_unseen")
+EXAMPLES_PER_REASON = 3  # stats.json names where the first few skipped records are, to find them
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    where: str  # "line 12" or "record 12" (1-based), for people looking for it
+    record: Any  # the decoded record, or _UNDECODABLE
+
+
+_UNDECODABLE = object()
+
+
+def prepare(
+    source: str,
+    output: Path,
+    eval_fraction: float = 0.02,
+    seed: int = 0,
+    unseen_fraction: float | None = None,
+) -> dict[str, Any]:
+    """Convert, split and write; returns the stats written to DIR/stats.json."""
+    from gpuval.atomic import ensure_writable_dir, write_text_atomic
+
+    unseen_fraction = eval_fraction if unseen_fraction is None else unseen_fraction
+    for flag, value in (("--eval-fraction", eval_fraction), ("--unseen-fraction", unseen_fraction)):
+        if not 0 <= value < 1:
+            raise UsageError(f"{flag} {value} is outside [0, 1)")
+    records = read_source(source)  # before creating the output directory: a bad input leaves nothing
+    ensure_writable_dir(output)
+    kept, skipped = convert_all(records)
+    unseen_functions = choose_unseen_functions(kept, unseen_fraction, seed)
+    splits = split_records(kept, unseen_functions, eval_fraction, seed)
+    stats = {
+        "schema": STATS_SCHEMA,
+        "input": source,
+        "seed": seed,
+        "eval_fraction": eval_fraction,
+        "unseen_fraction": unseen_fraction,
+        "total": len(records),
+        "kept": len(kept),
+        "skipped": sum(len(v) for v in skipped.values()),
+        "skipped_by_reason": {reason: len(where) for reason, where in sorted(skipped.items())},
+        "skipped_examples": {r: w[:EXAMPLES_PER_REASON] for r, w in sorted(skipped.items())},
+        "splits": {name: len(splits[name]) for name in SPLITS},
+        "excluded_mixed": len(kept) - sum(len(splits[name]) for name in SPLITS),
+        "unseen_functions": sorted(unseen_functions),
+    }
+    for name in SPLITS:
+        lines = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in splits[name])
+        write_text_atomic(output / f"{name}.jsonl", lines)
+    write_text_atomic(output / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+    return stats
+
+
+def read_source(source: str) -> list[SourceRecord]:
+    """The records of a Glaive JSON list or JSONL file, or of a `datasets` name when no such file exists."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        raise UsageError(f"--input '{source}' is a directory; give a Glaive .json or .jsonl file")
+    if not path.exists():
+        if path.suffix in (".json", ".jsonl") or source.startswith(("/", ".", "~")):
+            raise UsageError(f"--input '{source}': no such file")
+        return _read_dataset(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"cannot read --input '{source}' ({why})") from None
+    records = _parse_text(source, text)
+    if not records:
+        raise UsageError(f"--input '{source}' holds no records")
+    return records
+
+
+def _parse_text(source: str, text: str) -> list[SourceRecord]:
+    if text.lstrip().startswith("["):  # a JSON list, as Glaive ships it
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"--input '{source}' is a JSON list that does not parse "
+                f"(line {exc.lineno}, column {exc.colno}: {exc.msg}); fix it or convert it to JSONL"
+            ) from None
+        return [SourceRecord(f"record {i}", item) for i, item in enumerate(items, start=1)]
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(SourceRecord(f"line {number}", json.loads(line)))
+        except json.JSONDecodeError:
+            records.append(SourceRecord(f"line {number}", _UNDECODABLE))
+    return records
+
+
+def _read_dataset(name: str) -> list[SourceRecord]:
+    try:
+        import datasets
+    except ImportError:
+        raise UsageError(
+            f"--input '{name}' is not a file; loading a dataset by name needs the 'datasets' package "
+            "(pip install datasets), or pass a Glaive .json/.jsonl file"
+        ) from None
+    try:
+        dataset = datasets.load_dataset(name, split="train")
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types (network, hub, format): one line
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        raise UsageError(
+            f"--input '{name}': cannot load the dataset ({type(exc).__name__}: {first_line})"
+        ) from None
+    return [SourceRecord(f"record {i}", dict(row)) for i, row in enumerate(dataset, start=1)]
+
+
+def convert_all(records: list[SourceRecord]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The conversation of every convertible record, and where the others are, by reason."""
+    kept: list[dict[str, Any]] = []
+    skipped: dict[str, list[str]] = {}
+    for item in records:
+        try:
+            if item.record is _UNDECODABLE:
+                raise MalformedRecord(NOT_JSON)
+            kept.append(convert_record(item.record))
+        except MalformedRecord as exc:
+            detail = f"{item.where}: {exc.detail}" if exc.detail else item.where
+            skipped.setdefault(exc.reason, []).append(detail)
+    return kept, skipped
+
+
+def functions_named(conversation: dict[str, Any]) -> set[str]:
+    """Every function a conversation shows: in its tools or in a call."""
+    names = {tool["name"] for tool in conversation["tools"]}
+    for message in conversation["messages"]:
+        names.update(call["name"] for call in message.get("tool_calls", ()))
+    return names
+
+
+def functions_called(conversation: dict[str, Any]) -> set[str]:
+    return {call["name"] for m in conversation["messages"] for call in m.get("tool_calls", ())}
+
+
+def choose_unseen_functions(conversations: list[dict[str, Any]], fraction: float, seed: int) -> set[str]:
+    """The functions held out of training entirely (see the module docstring)."""
+    candidates = sorted(set().union(*(functions_called(c) for c in conversations)))
+    if fraction <= 0 or len(candidates) < 2:
+        return set()
+    random.Random(f"gpuval-unseen:{seed}").shuffle(candidates)
+    records_of: dict[str, set[int]] = {}
+    for index, conversation in enumerate(conversations):
+        for name in functions_named(conversation):
+            records_of.setdefault(name, set()).add(index)
+    budget = round(fraction * len(conversations))
+    held: set[str] = set()
+    touched: set[int] = set()
+    for name in candidates[:-1]:  # never every called function: train keeps at least one
+        if len(touched | records_of[name]) <= budget:
+            held.add(name)
+            touched |= records_of[name]
+    if not held:
+        fewest = min(candidates[:-1], key=lambda n: len(records_of[n]))
+        if len(records_of[fewest]) < len(conversations):
+            held.add(fewest)
+    return held
+
+
+def split_records(
+    conversations: list[dict[str, Any]], unseen_functions: set[str], eval_fraction: float, seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    unseen: list[dict[str, Any]] = []
+    rest: list[int] = []
+    for index, conversation in enumerate(conversations):
+        if not functions_named(conversation) & unseen_functions:
+            rest.append(index)
+        elif functions_called(conversation) <= unseen_functions:
+            unseen.append(conversation)
+    chosen = set(random.Random(f"gpuval-eval:{seed}").sample(rest, round(eval_fraction * len(rest))))
+    return {
+        "train": [conversations[i] for i in rest if i not in chosen],
+        "eval": [conversations[i] for i in rest if i in chosen],
+        "eval_unseen": unseen,
+    }

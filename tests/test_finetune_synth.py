@@ -1,0 +1,105 @@
+"""synth.py and catalogue.py: Glaive's own shape and quirks, variety, determinism, disjoint value pools."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from gpuval.finetune.catalogue import BY_NAME, CATALOGUE, POOLS, pool_part
+from gpuval.finetune.glaive import convert_record
+from gpuval.finetune.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, synth_records
+
+N = 600
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, str]]:
+    return synth_records(N, seed=7)
+
+
+def test_deterministic_for_a_seed_and_a_prefix_of_a_longer_run():
+    assert synth_records(50, seed=3) == synth_records(50, seed=3)
+    assert synth_records(50, seed=3) == synth_records(80, seed=3)[:50]
+    assert synth_records(50, seed=3) != synth_records(50, seed=4)
+
+
+def test_records_have_glaive_shape(records):
+    for record in records:
+        assert set(record) == {"system", "chat"}
+        assert record["system"] == SYSTEM_NO_TOOLS or record["system"].startswith(
+            SYSTEM_WITH_TOOLS + "\n{\n    "
+        )
+        assert not record["system"].lstrip(SYSTEM_WITH_TOOLS).lstrip().startswith("[")  # not a JSON list
+        turns = [t for t in record["chat"].split("\n\n\n") if t]
+        for turn in turns:
+            assert turn.startswith(("USER: ", "ASSISTANT: ", "FUNCTION RESPONSE: ")), turn
+            assert turn.endswith(" <|endoftext|>") == turn.startswith("ASSISTANT: "), turn
+
+
+def test_every_quirk_is_present(records):
+    chats = [r["chat"] for r in records]
+    seen = Counter()
+    for record, chat in zip(records, chats, strict=True):
+        seen["no_tools"] += record["system"] == SYSTEM_NO_TOOLS
+        seen["several_functions"] += record["system"].count('\n    "name": ') > 1
+        seen["call"] += "<functioncall>" in chat
+        seen["single_quoted"] += '"arguments": \'{' in chat
+        seen["raw_object"] += '"arguments": {' in chat
+        seen["missing_arguments"] += bool(re.search(r'<functioncall> \{"name": "[a-z_]+"\} <', chat))
+        seen["text_before_call"] += bool(re.search(r"ASSISTANT: [^<\n]+<functioncall>", chat))
+        seen["apostrophe_inside"] += bool(re.search(r"'\{[^\n]*\w'\w[^\n]*\}'\}", chat))
+        seen["function_response"] += "FUNCTION RESPONSE: {" in chat
+        seen["refusal"] += "I'm sorry, but I can't" in chat and record["system"] != SYSTEM_NO_TOOLS
+        turns = chat.split("\n\n\n")
+        seen["repeated_turn"] += any(a == b and a for a, b in zip(turns, turns[1:], strict=False))
+    missing = [
+        quirk for quirk in [*seen, "raw_object", "missing_arguments", "repeated_turn"] if not seen[quirk]
+    ]
+    assert not missing, dict(seen)
+
+
+def test_catalogue_variety():
+    assert len(CATALOGUE) >= 40
+    types = Counter()
+    for spec in CATALOGUE:
+        schema = spec.schema()
+        for prop in schema["parameters"]["properties"].values():
+            types[prop["type"]] += 1
+            types["enum"] += "enum" in prop
+        types["optional"] += len(schema["parameters"]["properties"]) > len(schema["parameters"]["required"])
+    assert all(types[t] for t in ("string", "number", "integer", "boolean", "array", "enum", "optional")), (
+        types
+    )
+
+
+def test_train_and_holdout_values_are_disjoint_parts_of_every_pool():
+    for name, pool in POOLS.items():
+        train, holdout = pool_part(name, "train"), pool_part(name, "holdout")
+        assert holdout, name
+        assert not {json.dumps(v) for v in train} & {json.dumps(v) for v in holdout}, name
+        assert len(train) + len(holdout) == pool.size == len(pool_part(name, "all"))
+
+
+@pytest.mark.parametrize("part", ["train", "holdout"])
+def test_calls_draw_values_from_one_part_and_the_request_holds_them(part):
+    checked = 0
+    for record in synth_records(300, seed=11, values=part):
+        user = ""
+        for message in convert_record(record)["messages"]:
+            user = message["content"] if message["role"] == "user" else user
+            for call in message.get("tool_calls", ()):
+                params = {p.name: p for p in BY_NAME[call["name"]].params}
+                required = {n for n, p in params.items() if p.required}
+                assert required <= set(call["arguments"]) <= set(params), call
+                for key, value in call["arguments"].items():
+                    param = params[key]
+                    if param.type == "boolean" or param.enum:
+                        continue
+                    for item in value if isinstance(value, list) else [value]:
+                        assert item in pool_part(param.pool, part), (call, key)
+                        assert str(item) in user, (call, key, user)  # a model can copy it from the request
+                        checked += 1
+    assert checked > 200
