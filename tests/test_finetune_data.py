@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import types
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 
 from gpuval.errors import UsageError
 from gpuval.finetune.data import functions_called, functions_named, prepare
@@ -196,7 +198,10 @@ def test_cli_prepare_bad_input(gpuval, assert_usage_error, tmp_path, setup, args
         (tmp_path / setup).write_text(contents[setup], encoding="utf-8")
     if "--output" not in args:
         args = [*args, "--output", "out"]
-    proc = gpuval(["finetune", "prepare", *args], tmp_path)
+    if "pip install datasets" in fragments and importlib.util.find_spec("datasets"):  # the finetune extra
+        fragments = [f"--input '{args[1]}': cannot load the dataset"]
+    # HF_HUB_OFFLINE: fail at once instead of retrying an unreachable hub.
+    proc = gpuval(["finetune", "prepare", *args], tmp_path, env=cli_env(HF_HUB_OFFLINE="1"))
     assert_usage_error(proc, *fragments)
     assert not (tmp_path / "out").exists()
 
