@@ -97,22 +97,21 @@ def builtin_profiles() -> list[str]:
     return sorted(path.stem for path in profile_dir().glob("*.yaml"))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, kind: str = "profile") -> dict[str, Any]:
+    """A YAML file holding a mapping; every problem is one UsageError line naming the `kind` of file."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"profile '{path}': cannot read it ({exc.strerror or exc})") from None
+        raise UsageError(f"{kind} '{path}': cannot read it ({exc.strerror or exc})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"profile '{path}': broken YAML{where}: {problem}") from None
+        raise UsageError(f"{kind} '{path}': broken YAML{where}: {problem}") from None
     if not isinstance(data, dict):
-        raise UsageError(
-            f"profile '{path}': expected a mapping of keys at the top, got {type(data).__name__}"
-        )
+        raise UsageError(f"{kind} '{path}': expected a mapping of keys at the top, got {type(data).__name__}")
     return data
 
 
@@ -225,7 +224,7 @@ def validate_model(model: type[BaseModel], data: dict[str, Any], source: str) ->
 
 def load_profile(name_or_path: str, assignments: list[str] | None = None) -> Profile:
     path = resolve_profile_path(name_or_path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     apply_sets(data, assignments or [])
     source = f"profile '{path.name if path.parent == profile_dir() else path}'"
     return validate_model(Profile, data, source)
