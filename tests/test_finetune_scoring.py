@@ -1,0 +1,269 @@
+"""scoring.py: BFCL-style call matching and the eval metrics, checked against hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuval.finetune.scoring import (
+    examples_from_records,
+    match_call,
+    pair_calls,
+    score,
+    split_target,
+    values_match,
+)
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Get the weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+CONVERT = {
+    "name": "convert",
+    "description": "Convert money",
+    "parameters": {
+        "type": "object",
+        "properties": {"amount": {"type": "number"}, "unit": {"type": "string"}},
+        "required": ["amount", "unit"],
+    },
+}
+TOOLS = [WEATHER, CONVERT]
+
+
+def call(name, **arguments):
+    return {"name": name, "arguments": arguments}
+
+
+def block(c):
+    return f"<tool_call>\n{json.dumps(c)}\n</tool_call>"
+
+
+def test_exact_match():
+    m = match_call(
+        call("get_weather", city="Paris", days=3), call("get_weather", city="Paris", days=3), WEATHER
+    )
+    assert (m.exact, m.name_ok, m.true_positives, m.predicted_args, m.expected_args) == (True, True, 2, 2, 2)
+
+
+def test_wrong_name_is_not_exact_and_scores_no_argument():
+    m = match_call(call("get_time", city="Paris"), call("get_weather", city="Paris"), WEATHER)
+    assert (m.exact, m.name_ok, m.true_positives, m.predicted_args, m.expected_args) == (
+        False,
+        False,
+        0,
+        1,
+        1,
+    )
+
+
+def test_missing_required_argument():
+    m = match_call(call("get_weather", days=3), call("get_weather", city="Paris", days=3), WEATHER)
+    assert (m.exact, m.true_positives, m.predicted_args, m.expected_args) == (False, 1, 1, 2)
+    # The schema's `required` is checked on its own: even a reference without `city` does not excuse it.
+    assert match_call(call("get_weather", days=3), call("get_weather", days=3), None).exact is True
+    assert match_call(call("get_weather", days=3), call("get_weather", days=3), WEATHER).exact is False
+
+
+def test_extra_argument_outside_schema():
+    m = match_call(
+        call("get_weather", city="Paris", country="FR"), call("get_weather", city="Paris"), WEATHER
+    )
+    assert (m.exact, m.true_positives, m.predicted_args, m.expected_args) == (False, 1, 2, 1)
+    # Outside the schema fails even when the reference has it too; without a schema it would pass.
+    both = call("get_weather", city="Paris", country="FR")
+    assert match_call(both, both, WEATHER).exact is False
+    assert match_call(both, both, None).exact is True
+
+
+def test_schema_accepts_parameters_object_and_function_wrapper():
+    pred = call("get_weather", city="Paris", country="FR")
+    exp = call("get_weather", city="Paris", country="FR")
+    assert match_call(pred, exp, WEATHER["parameters"]).exact is False
+    assert match_call(pred, exp, {"type": "function", "function": WEATHER}).exact is False
+
+
+def test_int_accepted_for_float_and_equal_numbers():
+    exp = call("convert", amount=3.0, unit="usd")
+    assert match_call(call("convert", amount=3, unit="usd"), exp, CONVERT).exact is True
+    assert match_call(
+        call("convert", amount=3.0, unit="usd"), call("convert", amount=3, unit="usd"), CONVERT
+    ).exact
+    assert match_call(call("convert", amount=3.5, unit="usd"), exp, CONVERT).exact is False
+    assert values_match("3", 3) is False
+
+
+def test_strings_case_punctuation_whitespace_insensitive():
+    exp = call("get_weather", city="New York")
+    assert match_call(call("get_weather", city="new york!"), exp, WEATHER).exact is True
+    assert match_call(call("get_weather", city="  NEW   York. "), exp, WEATHER).exact is True
+    assert match_call(call("get_weather", city="Newark"), exp, WEATHER).exact is False
+
+
+def test_lists_in_order_element_wise():
+    assert values_match([1, 2, 3], [1, 2, 3]) is True
+    assert values_match([1, 2, 3], [3, 2, 1]) is False
+    assert values_match([1, 2], [1, 2, 3]) is False
+    assert values_match([1, "New York"], [1.0, "new york!"]) is True
+
+
+def test_dicts_recursive():
+    assert values_match({"a": {"b": [1, "X!"]}}, {"a": {"b": [1.0, "x"]}}) is True
+    assert values_match({"a": {"b": [1, "X"]}}, {"a": {"b": [1, "y"]}}) is False
+    assert values_match({"a": 1}, {"a": 1, "b": 2}) is False
+
+
+def test_bool_strict():
+    assert values_match(True, True) is True
+    assert values_match(True, 1) is False
+    assert values_match(1, True) is False
+    assert values_match(0, False) is False
+    assert values_match(False, True) is False
+
+
+def test_two_calls_in_different_order_still_exact():
+    expected = [call("get_weather", city="Paris"), call("convert", amount=3.0, unit="usd")]
+    predicted = [call("convert", amount=3, unit="USD"), call("get_weather", city="paris")]
+    pairs = pair_calls(predicted, expected, TOOLS)
+    assert sorted((p, e) for p, e, _ in pairs) == [(0, 1), (1, 0)]
+    assert all(m.exact for _, _, m in pairs)
+    result = score([{"expected": expected, "predicted": predicted, "json_valid": True, "tools": TOOLS}])
+    assert result["exact_call_accuracy"] == 1.0
+    assert result["argument_exact_match"] == 1.0
+
+
+def test_extra_or_duplicate_call_is_not_exact():
+    expected = [call("get_weather", city="Paris")]
+    predicted = [call("get_weather", city="Paris"), call("get_weather", city="Paris")]
+    result = score([{"expected": expected, "predicted": predicted, "json_valid": True, "tools": TOOLS}])
+    assert result["exact_call_accuracy"] == 0.0
+    assert result["argument_exact_match"] == 1.0
+    assert result["name_accuracy"] == 0.0
+
+
+def _hand_set():
+    """Eight records and the texts generated for them; metrics worked out by hand below."""
+    user = {"role": "user", "content": "hi"}
+
+    def record(tool_calls):
+        reply = {"role": "assistant", "content": "" if tool_calls else "Sure."}
+        if tool_calls:
+            reply["tool_calls"] = tool_calls
+        return {"tools": TOOLS, "messages": [user, reply]}
+
+    rows = [
+        # A: exact
+        (
+            record([call("get_weather", city="Paris", days=3)]),
+            block(call("get_weather", city="Paris", days=3)),
+        ),
+        # B: "New York" vs "new york!" -> exact
+        (record([call("get_weather", city="New York")]), block(call("get_weather", city="new york!"))),
+        # C: no call expected, none produced -> correct
+        (record([]), "I can't help with that."),
+        # D: no call expected, a call produced -> wrong
+        (record([]), block(call("get_weather", city="Rome"))),
+        # E: call expected, none produced
+        (record([call("get_weather", city="Oslo", days=2)]), "The weather is nice."),
+        # F: call expected, only an invalid JSON block
+        (record([call("get_weather", city="Oslo")]), "<tool_call>\n{'name': get_weather\n</tool_call>"),
+        # G: two calls, other order, int for float, case -> exact
+        (
+            record([call("get_weather", city="Paris"), call("convert", amount=3.0, unit="usd")]),
+            block(call("convert", amount=3, unit="USD")) + "\n" + block(call("get_weather", city="paris")),
+        ),
+        # H: wrong name
+        (record([call("get_weather", city="Lima")]), block(call("get_time", city="Lima"))),
+    ]
+    return [r for r, _ in rows], [t for _, t in rows]
+
+
+def test_score_hand_computed():
+    records, texts = _hand_set()
+    result = score(examples_from_records(records, texts))
+    # made: A B D F G H; expected: A B E F G H
+    assert (result["call_tp"], result["call_fp"], result["call_fn"], result["call_tn"]) == (5, 1, 1, 1)
+    assert result["call_precision"] == pytest.approx(5 / 6)
+    assert result["call_recall"] == pytest.approx(5 / 6)
+    assert result["call_f1"] == pytest.approx(5 / 6)
+    # F's block is invalid: 5 valid of 6 made
+    assert (result["calls_made"], result["json_valid_count"]) == (6, 5)
+    assert result["json_validity"] == pytest.approx(5 / 6)
+    # names right in A B G of 6 expected
+    assert (result["calls_expected"], result["name_correct"]) == (6, 3)
+    assert result["name_accuracy"] == 0.5
+    # expected calls A1 B1 E1 F1 G2 H1 = 7, exact A B G(2) = 4
+    assert (result["expected_call_count"], result["exact_call_count"]) == (7, 4)
+    assert result["argument_exact_match"] == pytest.approx(4 / 7)
+    # slots: expected 2+1+2+1+3+1 = 10, predicted 2+1+1+3+1 = 8, matched 2+1+3 = 6
+    assert (result["argument_tp"], result["argument_predicted"], result["argument_expected"]) == (6, 8, 10)
+    assert result["argument_precision"] == 0.75
+    assert result["argument_recall"] == 0.6
+    assert result["argument_f1"] == pytest.approx(2 / 3)
+    # fully correct: A B C G of 8
+    assert (result["examples"], result["exact_examples"]) == (8, 4)
+    assert result["exact_call_accuracy"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("index", "correct"),
+    [(0, True), (1, True), (2, True), (3, False), (4, False), (5, False), (6, True), (7, False)],
+)
+def test_each_hand_example_alone(index, correct):
+    records, texts = _hand_set()
+    result = score(examples_from_records(records[index : index + 1], texts[index : index + 1]))
+    assert result["exact_call_accuracy"] == (1.0 if correct else 0.0)
+
+
+def test_invalid_json_counts_against_validity_even_beside_a_valid_call():
+    records, _ = _hand_set()
+    text = block(call("get_weather", city="Paris", days=3)) + "<tool_call>{broken</tool_call>"
+    (example,) = examples_from_records(records[:1], [text])
+    assert example["json_valid"] is False and example["block_count"] == 2
+    result = score([example])
+    assert result["json_validity"] == 0.0
+    assert result["exact_call_accuracy"] == 0.0
+
+
+def test_zero_denominators_are_none():
+    empty = score([])
+    assert empty["examples"] == 0
+    for key in ("call_precision", "call_recall", "call_f1", "json_validity", "name_accuracy"):
+        assert empty[key] is None
+    for key in ("argument_exact_match", "argument_precision", "argument_f1", "exact_call_accuracy"):
+        assert empty[key] is None
+    only_no_call = score([{"expected": [], "predicted": [], "json_valid": True, "tools": TOOLS}])
+    assert only_no_call["call_precision"] is None and only_no_call["call_f1"] is None
+    assert only_no_call["json_validity"] is None and only_no_call["name_accuracy"] is None
+    assert only_no_call["exact_call_accuracy"] == 1.0
+    all_missed = score([{"expected": [call("get_weather", city="X")], "predicted": [], "json_valid": True}])
+    assert all_missed["call_precision"] is None and all_missed["call_recall"] == 0.0
+    assert all_missed["argument_precision"] is None and all_missed["argument_recall"] == 0.0
+
+
+def test_split_target_first_assistant_turn():
+    record = {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [call("get_weather", city="Paris")]},
+            {"role": "tool", "content": "{}"},
+            {"role": "assistant", "content": "Sunny."},
+        ],
+    }
+    prompt, expected = split_target(record)
+    assert prompt == {"tools": TOOLS, "messages": record["messages"][:1]}
+    assert expected == [call("get_weather", city="Paris")]
+
+
+def test_records_helper_rejects_mismatch_and_missing_target():
+    records, texts = _hand_set()
+    with pytest.raises(ValueError, match="8 records but 7 predictions"):
+        examples_from_records(records, texts[:7])
+    with pytest.raises(ValueError, match="record 0: record has no assistant turn"):
+        examples_from_records([{"tools": [], "messages": [{"role": "user", "content": "x"}]}], [""])
