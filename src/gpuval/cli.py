@@ -374,7 +374,7 @@ def schema() -> int:
 
 finetune_app = typer.Typer(
     no_args_is_help=True,
-    help="Fine-tune for function calling: synthetic data, data preparation (training and eval to come).",
+    help="Fine-tune for function calling: synthetic data, data preparation, LoRA training (eval to come).",
 )
 app.add_typer(finetune_app, name="finetune")
 
@@ -428,6 +428,52 @@ def finetune_prepare(
         highlight=False,
     )
     return EXIT_PASS
+
+
+@finetune_app.command("train")
+@_exits
+def finetune_train(
+    config: Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")],
+    set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    resume: Annotated[
+        bool, typer.Option(help="continue from the newest checkpoint in the output folder")
+    ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc", help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)"
+        ),
+    ] = None,
+) -> int:
+    """LoRA training under DDP (torchrun/srun, or one rank per local GPU); adapter in OUTPUT/adapter."""
+    from gpuval.finetune.config import load_finetune_config
+
+    cfg = load_finetune_config(config, set_)  # a bad config is exit 2 before any rank starts
+
+    def work() -> int:
+        from gpuval.finetune.train import train
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime()
+        try:
+            summary = train(cfg, runtime, resume=resume)
+        finally:
+            runtime.shutdown()
+        if runtime.is_main:
+            last = summary["steps"][-1] if summary["steps"] else {}
+            console.print(
+                f"trained {summary['final_step']} steps on {summary['world_size']} rank(s); "
+                f"final loss {last.get('loss', float('nan')):.4f}; adapter {summary['adapter']}",
+                markup=False,
+                highlight=False,
+            )
+        return EXIT_PASS
+
+    if nproc is None:
+        import torch
+
+        nproc = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return _distributed(nproc, work)
 
 
 def main() -> None:
