@@ -1,5 +1,6 @@
 """`gpuval discover`: sysfs/procfs parsing on a fake tree (tests/data/sysfs), the inventory and its
-rendering against NVML answers recorded on a 2xH200 machine, and the CLI on this machine (no driver).
+rendering against NVML answers recorded on a 2xH200 and a 1xH100 machine, and the CLI on this machine
+(no driver).
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def test_gpu_affinity_from_the_pci_device():
     assert gpu_affinity("00000000:00:07.0", single, FAKE_ROOT) == {"numa_affinity": 0, "cpu_affinity": "0-31"}
 
 
-# --- the recorded 2xH200 machine --------------------------------------------------------------------
+# --- the recorded machines (2xH200, 1xH100) ---------------------------------------------------------
 
 
 def recorded_host_root(tmp_path: Path, host: dict) -> Path:
@@ -331,20 +332,79 @@ def test_inventory_of_the_recorded_machine(h200_inventory):
     json.dumps(inv)  # plain JSON all the way down (no Unavailable, no tuples of objects)
 
 
-def test_topology_equals_the_recorded_nvidia_smi_topo(h200, h200_inventory):
-    recorded = parse_topo_m(h200["nvidia-smi topo -m"])
-    assert recorded["GPU0"]["GPU1"] == "NV18" and recorded["GPU1"]["GPU0"] == "NV18"
-    topology = h200_inventory["topology"]
-    assert topology["gpus"] == [0, 1]
+def test_inventory_of_the_recorded_h100(tmp_path):
+    h100 = load("h100x1")
+    # one H100 SXM passed through to a VM alone: NVML answers NotSupported for every NVLink index
+    assert {json.dumps(link) for link in h100["devices"][0]["nvlinks"]} == {
+        '{"state": {"error": "NVMLError_NotSupported", "message": "Not Supported"}}'
+    }
+    inv = node_inventory("h100-vm", ReplayNvml(h100), recorded_host_root(tmp_path, h100["host"]), environ={})
+    assert (inv["nvml_error"], inv["gpu_source"], inv["gpu_count"], inv["gpus_lost"]) == (None, "nvml", 1, [])
+    (gpu,) = inv["gpus"]
+    assert (gpu["name"], gpu["memory_total_bytes"], gpu["pci_bus_id"], gpu["vbios_version"], gpu["uuid"]) == (
+        "NVIDIA H100 80GB HBM3",
+        85520809984,  # 81559 MiB, nvidia-smi's "FB Memory Usage Total"
+        "00000000:00:06.0",
+        "96.00.CF.00.01",
+        "GPU-beb0f669-6fb3-66ad-d389-26df51e5352f",
+    )
+    assert (
+        gpu["pcie_gen_current"],
+        gpu["pcie_width_current"],
+        gpu["pcie_gen_max"],
+        gpu["pcie_width_max"],
+    ) == (
+        5,
+        16,
+        5,
+        16,
+    )
+    assert (gpu["ecc_mode_current"], gpu["power_limit_w"], gpu["max_sm_clock_mhz"]) == (1, 700.0, 1980)
+    assert gpu["nvlinks"] == [] and gpu["nvlink"] == {"up": 0, "total": 0, "version": None}
+    assert (inv["software"]["driver_version"], inv["software"]["cuda_driver_version"]) == (
+        "580.159.04",
+        "13.0",
+    )
+    assert inv["host"]["memory_total_bytes"] == 131981020 * 1024
+    text = _render(inv)
+    for fragment in (
+        "NVIDIA H100 80GB HBM3",
+        "79.6 GiB",
+        "96.00.CF.00.01",
+        "1980/2619 MHz",
+        "Gen5 x16 / Gen5 x16",
+    ):
+        assert fragment in text, fragment
+    assert re.search(r"GPU0\s*│\s*X\s*│\s*0-15\s*│\s*0\s*│\s*N/A\s*│\s*none", text), text
+    block = paste_block(inv)
+    assert "- GPUs: 1x NVIDIA H100 80GB HBM3 79.6 GiB" in block
+    assert "PCIe Gen5 x16/Gen5 x16 NVLink none NUMA 0" in block
+
+
+@pytest.mark.parametrize(
+    "stem, links, cpus",
+    [
+        ("h200x2", {"GPU0": {"GPU0": "X", "GPU1": "NV18"}, "GPU1": {"GPU0": "NV18", "GPU1": "X"}}, "0-31"),
+        ("h100x1", {"GPU0": {"GPU0": "X"}}, "0-15"),
+    ],
+)
+def test_topology_equals_the_recorded_nvidia_smi_topo(stem, links, cpus, tmp_path):
+    recording = load(stem)
+    recorded = parse_topo_m(recording["nvidia-smi topo -m"])
+    assert {row: {col: cells[col] for col in links} for row, cells in recorded.items()} == links
+    inventory = node_inventory(
+        stem, ReplayNvml(recording), recorded_host_root(tmp_path, recording["host"]), environ={}
+    )
+    topology = inventory["topology"]
     labels = [f"GPU{i}" for i in topology["gpus"]]
     ours = {
         row: dict(zip(labels, cells, strict=True))
         for row, cells in zip(labels, topology["matrix"], strict=True)
     }
-    assert ours == {row: {col: recorded[row][col] for col in labels} for row in labels}
-    for gpu in h200_inventory["gpus"]:
+    assert ours == links
+    for gpu in inventory["gpus"]:
         row = recorded[f"GPU{gpu['index']}"]
-        assert gpu["cpu_affinity"] == row["CPU Affinity"] == "0-31"
+        assert gpu["cpu_affinity"] == row["CPU Affinity"] == cpus
         assert str(gpu["numa_affinity"]) == row["NUMA Affinity"] == "0"
         assert gpu["numa_node"] is None and row["GPU NUMA ID"] == "N/A"
 

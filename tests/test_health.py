@@ -1,4 +1,5 @@
-"""`gpuval health` against NVML answers recorded on a real 2xH200 machine, and hand-made faulty variants.
+"""`gpuval health` against NVML answers recorded on real machines (2xH200, 1xH100), and hand-made faulty
+variants.
 
 Each fault is the healthy recording with one answer changed, as NVML would give it on a broken node; it
 must produce the right FAIL (or WARN), on the right scope, with a hint of what to do. Kernel logs and
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -36,6 +38,34 @@ def h200():
     return load("h200x2")
 
 
+@dataclass
+class Machine:
+    """A recorded machine judged by its built-in profile; `nvml`: a fresh copy of its answers to break."""
+
+    nvml: dict
+    profile: str
+    nvlink: Status  # what nvlink.state/errors give on the healthy recording
+    gpus: int  # GPUs on the recorded machine, the count its profile is set to expect
+
+    def health(self, root, sets=(), gpus=None, **kwargs):
+        return health(
+            self.nvml, root, sets, profile=self.profile, gpus=self.gpus if gpus is None else gpus, **kwargs
+        )
+
+
+@pytest.fixture(
+    params=[
+        ("h200x2", "h200-sxm", Status.PASS),  # 18 NVLinks per GPU through NVSwitch
+        ("h100x1", "h100-sxm", Status.SKIP),  # one SXM GPU passed through alone: NVML gives no NVLink
+    ],
+    ids=lambda param: param[0],
+)
+def machine(request) -> Machine:
+    stem, profile, nvlink = request.param
+    recording = load(stem)
+    return Machine(recording, profile, nvlink, recording["device_count"])
+
+
 @pytest.fixture
 def empty_root(tmp_path: Path) -> Path:
     """A root with no /sys/class/infiniband and no /proc: nothing but what a test puts there."""
@@ -53,8 +83,10 @@ def quiet_kmsg(tmp_path: Path) -> Path:
     return path
 
 
-def health(recording, root, sets=(), kmsg=None, own_pids=frozenset(), profile="h200-sxm", library=None):
-    loaded = load_profile(profile, ["expect.gpu_count=2", *sets])
+def health(
+    recording, root, sets=(), kmsg=None, own_pids=frozenset(), profile="h200-sxm", library=None, gpus=2
+):
+    loaded = load_profile(profile, [f"expect.gpu_count={gpus}", *sets])
     return node_health(
         loaded,
         NODE,
@@ -80,11 +112,13 @@ def bad(checks):
 # --- the healthy recording ------------------------------------------------------------------------------
 
 
-def test_healthy_h200_recording_passes(h200, empty_root, quiet_kmsg):
-    checks = health(h200, empty_root, kmsg=quiet_kmsg)
+def test_healthy_recording_passes(machine, empty_root, quiet_kmsg):
+    checks = machine.health(empty_root, kmsg=quiet_kmsg)
     assert bad(checks) == []
     assert verdict(checks) is Status.PASS
-    passed = {c.name for c in checks if c.status is Status.PASS}
+    nvlink = {c.name: c.status for c in checks if c.name.startswith("nvlink.")}
+    assert nvlink == {"nvlink.state": machine.nvlink, "nvlink.errors": machine.nvlink}
+    passed = {c.name for c in checks if c.status is Status.PASS and not c.name.startswith("nvlink.")}
     skipped = {c.name: c.detail for c in checks if c.status is Status.SKIP}
     assert passed == {
         "expect.gpu_count",
@@ -100,14 +134,12 @@ def test_healthy_h200_recording_passes(h200, empty_root, quiet_kmsg):
         "pcie.width",
         "pcie.generation",
         "pcie.replays",
-        "nvlink.state",
-        "nvlink.errors",
         "processes.foreign",
         "xid.kernel_log",
     }
-    # What this recording cannot show: H200 remaps rows instead of retiring pages, the machine has no
-    # InfiniBand, this test process has no CUDA, and the replay has no NVML event API.
-    assert set(skipped) == {
+    # What these recordings cannot show: H100/H200 remap rows instead of retiring pages, the machines
+    # have no InfiniBand, this test process has no CUDA, and the replay has no NVML event API.
+    assert set(skipped) - {"nvlink.state", "nvlink.errors"} == {
         "ecc.retired_pages",
         "infiniband.state",
         "smoke.matmul",
@@ -117,8 +149,10 @@ def test_healthy_h200_recording_passes(h200, empty_root, quiet_kmsg):
     assert "NotSupported" in skipped["ecc.retired_pages"] and "remaps rows" in skipped["ecc.retired_pages"]
     assert skipped["infiniband.state"] == "no InfiniBand port on this node"
     assert "without CUDA" in skipped["smoke.matmul"] or "hides every GPU" in skipped["smoke.matmul"]
+    if machine.nvlink is Status.SKIP:
+        assert skipped["nvlink.state"] == "this GPU has no NVLink (or NVML reports none)"
     scopes = {c.scope for c in checks if c.name == "ecc.enabled"}
-    assert scopes == {"gpu:n1/0", "gpu:n1/1"}
+    assert scopes == {f"gpu:n1/{index}" for index in range(machine.gpus)}
     assert "driver.version" not in {c.name for c in checks}  # no pin in the profile: no check
 
 
@@ -136,13 +170,14 @@ def test_result_of_a_health_run_is_valid_result_json(h200, empty_root):
 # --- one fault at a time ------------------------------------------------------------------------------
 
 
-def test_uncorrectable_ecc_error_on_gpu1(h200, empty_root):
-    h200["devices"][1]["nvmlDeviceGetTotalEccErrors(uncorrected,volatile)"] = 2
-    h200["devices"][1]["nvmlDeviceGetTotalEccErrors(uncorrected,aggregate)"] = 3
-    checks = health(h200, empty_root)
+def test_uncorrectable_ecc_error_on_the_last_gpu(machine, empty_root):
+    last = machine.gpus - 1
+    machine.nvml["devices"][last]["nvmlDeviceGetTotalEccErrors(uncorrected,volatile)"] = 2
+    machine.nvml["devices"][last]["nvmlDeviceGetTotalEccErrors(uncorrected,aggregate)"] = 3
+    checks = machine.health(empty_root)
     assert bad(checks) == [
-        ("ecc.uncorrected_volatile", Status.FAIL, "gpu:n1/1"),
-        ("ecc.uncorrected_aggregate", Status.FAIL, "gpu:n1/1"),
+        ("ecc.uncorrected_volatile", Status.FAIL, f"gpu:n1/{last}"),
+        ("ecc.uncorrected_aggregate", Status.FAIL, f"gpu:n1/{last}"),
     ]
     volatile = only(checks, "ecc.uncorrected_volatile", Status.FAIL)[0]
     assert volatile.value == 2
@@ -196,9 +231,9 @@ def test_gpu_without_nvlink_skips(h200, empty_root):
     assert bad(checks) == []
 
 
-def test_degraded_pcie_link_x8_of_x16(h200, empty_root):
-    h200["devices"][0]["nvmlDeviceGetCurrPcieLinkWidth"] = 8
-    checks = health(h200, empty_root)
+def test_degraded_pcie_link_x8_of_x16(machine, empty_root):
+    machine.nvml["devices"][0]["nvmlDeviceGetCurrPcieLinkWidth"] = 8
+    checks = machine.health(empty_root)
     assert bad(checks) == [("pcie.width", Status.FAIL, "gpu:n1/0")]
     width = only(checks, "pcie.width", Status.FAIL)[0]
     assert (width.value, width.threshold) == (8, {"min": 16})
@@ -224,24 +259,25 @@ def test_pcie_replays_against_dcgm_rate(h200, empty_root, replays, status):
 
 
 @pytest.mark.parametrize(
-    "reasons, status, words",
+    "reasons, status, words, hint",
     [
-        (0x40, Status.FAIL, "hw_thermal_slowdown active"),
-        (0x80 | 0x8, Status.FAIL, "hw_power_brake_slowdown, hw_slowdown active"),
-        (0x20, Status.WARN, "sw_thermal_slowdown active"),
-        (0x4 | 0x1, Status.PASS, "gpu_idle, sw_power_cap"),
+        (0x40, Status.FAIL, "hw_thermal_slowdown active", "check cooling (fans, airflow"),
+        (0x8, Status.FAIL, "hw_slowdown active", "check cooling and power delivery"),
+        (0x80 | 0x8, Status.FAIL, "hw_power_brake_slowdown, hw_slowdown active", "check the PSUs"),
+        (0x20, Status.WARN, "sw_thermal_slowdown active", "check cooling"),
+        (0x4 | 0x1, Status.PASS, "gpu_idle, sw_power_cap", ""),
     ],
 )
-def test_clock_event_reasons(h200, empty_root, reasons, status, words):
+def test_clock_event_reasons(machine, empty_root, reasons, status, words, hint):
+    last = machine.gpus - 1
     for key in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-        h200["devices"][1][key] = reasons
-    check = [
-        c for c in health(h200, empty_root) if c.name == "clocks.event_reasons" and c.scope == "gpu:n1/1"
-    ][0]
+        machine.nvml["devices"][last][key] = reasons
+    checks = machine.health(empty_root)
+    flagged = [] if status is Status.PASS else [("clocks.event_reasons", status, f"gpu:n1/{last}")]
+    assert bad(checks) == flagged
+    check = [c for c in checks if c.name == "clocks.event_reasons" and c.scope == f"gpu:n1/{last}"][0]
     assert check.status is status
-    assert words in check.detail
-    if reasons == 0x40:
-        assert "check cooling" in check.detail
+    assert words in check.detail and hint in check.detail
 
 
 @pytest.mark.parametrize("celsius, status", [(89, Status.FAIL), (85, Status.WARN), (83, Status.PASS)])
@@ -263,10 +299,10 @@ def test_temperature_nvml_cannot_give_is_a_skip_with_the_reason(h200, empty_root
     assert check.status is Status.SKIP and "NotSupported" in check.detail
 
 
-def test_missing_gpu(h200, empty_root):
-    h200["device_count"] = 1
-    h200["devices"] = h200["devices"][:1]
-    checks = health(h200, empty_root)  # the profile, set to this machine, expects 2
+def test_missing_gpu(machine, empty_root):
+    machine.nvml["device_count"] = 1  # the H200 recording loses its GPU 1; the H100 one is as recorded
+    machine.nvml["devices"] = machine.nvml["devices"][:1]
+    checks = machine.health(empty_root, gpus=2)
     assert bad(checks) == [("expect.gpu_count", Status.FAIL, "node:n1")]
     count = only(checks, "expect.gpu_count")[0]
     assert (count.value, count.threshold) == (1, {"equal": 2})
