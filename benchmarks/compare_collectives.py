@@ -1,12 +1,18 @@
 """gpuval's busbw against raw NCCL's (nccl_reference.cu) at every op and size: ratio in %.
 
 Usage: compare_collectives.py REFERENCE.jsonl GPUVAL.json [GPUVAL_EAGER.json] --output COMPARE.json
+       compare_collectives.py --rounds DIR --output ALTERNATE.json
+The second form reads DIR/nccl-N.jsonl and DIR/gpuval-N.json of alternated rounds (collectives_alternate.sh)
+and reports, per op and size, every round's busbw and the median of the per-round ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import statistics
 
 
 def _gpuval(path: str) -> dict[tuple[str, int], float]:
@@ -15,13 +21,54 @@ def _gpuval(path: str) -> dict[tuple[str, int], float]:
     return {(m["name"], m["params"]["bytes"]): m["metrics"]["busbw_gbps"] for m in document["measurements"]}
 
 
+def _reference(path: str) -> dict[tuple[str, int], float]:
+    with open(path) as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    return {(r["op"], r["bytes"]): r["busbw_gbps"] for r in rows}
+
+
+def rounds(directory: str, output: str) -> None:
+    found = glob.glob(os.path.join(directory, "nccl-*.jsonl"))
+    numbers = sorted(int(os.path.basename(p)[len("nccl-") : -len(".jsonl")]) for p in found)
+    nccl = [_reference(os.path.join(directory, f"nccl-{n}.jsonl")) for n in numbers]
+    ours = [_gpuval(os.path.join(directory, f"gpuval-{n}.json")) for n in numbers]
+    rows = []
+    header = f"{'op':15} {'size':>10} {'nccl busbw per round':>30} {'gpuval busbw per round':>30}"
+    print(f"{header} {'median %':>9}")
+    for key in nccl[0]:
+        ratios = [100 * g[key] / r[key] for r, g in zip(nccl, ours, strict=True) if key in g and r.get(key)]
+        row = {
+            "op": key[0],
+            "bytes": key[1],
+            "nccl_busbw_gbps": [r.get(key) for r in nccl],
+            "gpuval_busbw_gbps": [g.get(key) for g in ours],
+            "pct_of_nccl_per_round": ratios,
+            "median_pct_of_nccl": statistics.median(ratios) if ratios else None,
+        }
+        rows.append(row)
+        label = f"{key[1] >> 20} MiB" if key[1] < 2**30 else f"{key[1] >> 30} GiB"
+        print(
+            f"{key[0]:15} {label:>10} {' '.join(f'{v:7.1f}' for v in row['nccl_busbw_gbps']):>30} "
+            f"{' '.join(f'{v or 0:7.1f}' for v in row['gpuval_busbw_gbps']):>30} "
+            f"{row['median_pct_of_nccl'] or 0:9.1f}"
+        )
+    with open(output, "w") as handle:
+        json.dump({"rounds": numbers, "rows": rows}, handle, indent=2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("reference")
-    parser.add_argument("gpuval")
+    parser.add_argument("reference", nargs="?")
+    parser.add_argument("gpuval", nargs="?")
     parser.add_argument("gpuval_eager", nargs="?")
+    parser.add_argument("--rounds", help="folder of alternated rounds (collectives_alternate.sh)")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
+    if args.rounds:
+        rounds(args.rounds, args.output)
+        return
+    if not (args.reference and args.gpuval):
+        parser.error("give REFERENCE.jsonl and GPUVAL.json, or --rounds DIR")
     with open(args.reference) as handle:
         reference = [json.loads(line) for line in handle if line.strip()]
     graph = _gpuval(args.gpuval)

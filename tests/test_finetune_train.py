@@ -116,13 +116,12 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
-def test_ddp_on_two_ranks_equals_one_process_with_twice_the_accumulation(train_file, tmp_path):
-    def run(program: list[str], accumulation: int, name: str) -> list[float]:
+def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation(train_file, tmp_path):
+    def run(program: list[str], accumulation: int, name: str, parallel: str = "ddp") -> tuple[list, dict]:
         config = tmp_path / f"{name}.yaml"
         settings = {"max_steps": 4, "grad_accum_steps": accumulation, "micro_batch_size": 1}
-        config.write_text(
-            yaml.safe_dump(config_dict(train_file, tmp_path / name, **settings)), encoding="utf-8"
-        )
+        data = config_dict(train_file, tmp_path / name, **settings, parallel=parallel)
+        config.write_text(yaml.safe_dump(data), encoding="utf-8")
         out = tmp_path / f"{name}.json"
         proc = subprocess.run(
             [*program, str(WORKER), str(config), str(out)],
@@ -135,11 +134,26 @@ def test_ddp_on_two_ranks_equals_one_process_with_twice_the_accumulation(train_f
         summary = json.loads(out.read_text(encoding="utf-8"))
         return [s["loss"] for s in summary["steps"]], summary
 
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
     single, single_summary = run([sys.executable], 4, "single")
-    ddp, ddp_summary = run([str(TORCHRUN), "--standalone", "--nproc_per_node=2"], 2, "ddp")
-    assert ddp_summary["world_size"] == 2 and single_summary["world_size"] == 1
+    ddp, ddp_summary = run(torchrun, 2, "ddp")
+    fsdp, fsdp_summary = run(torchrun, 2, "fsdp", parallel="fsdp")
+    assert ddp_summary["world_size"] == fsdp_summary["world_size"] == 2 and single_summary["world_size"] == 1
     assert ddp_summary["global_batch_packs"] == single_summary["global_batch_packs"] == 4
     assert ddp == pytest.approx(single, rel=1e-5)
+    assert fsdp == pytest.approx(single, rel=1e-5)
+    assert fsdp_summary["parallel"] == "fsdp"
+    # The FSDP2 adapter is gathered whole and saved in PEFT format, equal to the one-process adapter.
+    sharded, whole = (
+        lora_weights(tmp_path / "fsdp" / "adapter"),
+        lora_weights(tmp_path / "single" / "adapter"),
+    )
+    assert sharded.keys() == whole.keys() and whole
+    for key in whole:
+        torch.testing.assert_close(sharded[key], whole[key], rtol=1e-4, atol=1e-6)
+    # train_summary.json holds what train() returned (rank 0 wrote it).
+    written = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text(encoding="utf-8"))
+    assert [s["loss"] for s in written["steps"]] == fsdp
 
 
 def test_unknown_config_key_is_a_usage_error_naming_it(train_file, tmp_path):

@@ -374,7 +374,7 @@ def schema() -> int:
 
 finetune_app = typer.Typer(
     no_args_is_help=True,
-    help="Fine-tune for function calling: synthetic data, data preparation, LoRA training (eval to come).",
+    help="Fine-tune for function calling: synthetic data, preparation, LoRA training, evaluation, all of it.",
 )
 app.add_typer(finetune_app, name="finetune")
 
@@ -430,46 +430,111 @@ def finetune_prepare(
     return EXIT_PASS
 
 
+ConfigOption = Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")]
+NprocOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc", help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)"
+    ),
+]
+
+
 @finetune_app.command("train")
 @_exits
 def finetune_train(
-    config: Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")],
+    config: ConfigOption,
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
     resume: Annotated[
         bool, typer.Option(help="continue from the newest checkpoint in the output folder")
     ] = False,
-    nproc: Annotated[
-        int | None,
-        typer.Option(
-            "--nproc", help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)"
-        ),
-    ] = None,
+    nproc: NprocOption = None,
 ) -> int:
-    """LoRA training under DDP (torchrun/srun, or one rank per local GPU); adapter in OUTPUT/adapter."""
+    """LoRA training (DDP, FSDP2 or DeepSpeed; torchrun/srun, or one rank per local GPU) -> OUTPUT/adapter."""
+    return _finetune(config, set_, nproc, data=False, train=True, resume=resume, evaluate=False)
+
+
+@finetune_app.command("eval")
+@_exits
+def finetune_eval(
+    config: ConfigOption,
+    set_: SetOption = [],  # noqa: B006
+    adapter: Annotated[
+        Path | None, typer.Option(help="PEFT adapter folder (default: OUTPUT/adapter)")
+    ] = None,
+    nproc: NprocOption = None,
+) -> int:
+    """Greedy generation on the eval splits, function-calling scores for the tuned and base model."""
+    return _finetune(
+        config, set_, nproc, data=False, train=False, resume=False, evaluate=True, adapter=adapter
+    )
+
+
+@finetune_app.command("run")
+@_exits
+def finetune_run(
+    config: ConfigOption,
+    output: Annotated[Path | None, typer.Option(help="run folder (overrides the config's output)")] = None,
+    set_: SetOption = [],  # noqa: B006
+    nproc: NprocOption = None,
+) -> int:
+    """synth (when configured) -> prepare -> train -> eval, end to end; writes OUTPUT/eval.json."""
+    sets = [*set_, f"output={output}"] if output else list(set_)
+    return _finetune(config, sets, nproc, data=True, train=True, resume=False, evaluate=True)
+
+
+def _finetune(
+    config: Path,
+    sets: list[str],
+    nproc: int | None,
+    *,
+    data: bool,
+    train: bool,
+    resume: bool,
+    evaluate: bool,
+    adapter: Path | None = None,
+) -> int:
+    """The fine-tune steps asked for, on every rank of one process group (rank 0 alone makes data)."""
     from gpuval.finetune.config import load_finetune_config
 
-    cfg = load_finetune_config(config, set_)  # a bad config is exit 2 before any rank starts
+    cfg = load_finetune_config(config, sets)  # a bad config is exit 2 before any rank starts
+    if data:
+        from gpuval.atomic import ensure_writable_dir
+
+        ensure_writable_dir(Path(cfg.output))
 
     def work() -> int:
-        from gpuval.finetune.train import train
+        from gpuval.finetune.pipeline import make_data, run_eval
+        from gpuval.finetune.train import train as train_lora
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime()
         try:
-            summary = train(cfg, runtime, resume=resume)
+            if data:
+                if runtime.is_main:
+                    make_data(cfg)
+                runtime.barrier()
+            if train:
+                summary = train_lora(cfg, runtime, resume=resume)
+                if runtime.is_main:
+                    last = summary["steps"][-1] if summary["steps"] else {}
+                    console.print(
+                        f"trained {summary['final_step']} steps on {summary['world_size']} rank(s); "
+                        f"final loss {last.get('loss', float('nan')):.4f}; adapter {summary['adapter']}",
+                        markup=False,
+                        highlight=False,
+                    )
+            if evaluate:
+                from gpuval.finetune.evaluate import render_table
+
+                document = run_eval(cfg, runtime, adapter)
+                if document is not None:
+                    console.print(render_table(document))
+                    console.print(f"wrote {Path(cfg.output) / 'eval.json'}", markup=False, highlight=False)
         finally:
             runtime.shutdown()
-        if runtime.is_main:
-            last = summary["steps"][-1] if summary["steps"] else {}
-            console.print(
-                f"trained {summary['final_step']} steps on {summary['world_size']} rank(s); "
-                f"final loss {last.get('loss', float('nan')):.4f}; adapter {summary['adapter']}",
-                markup=False,
-                highlight=False,
-            )
         return EXIT_PASS
 
-    if nproc is None:
+    if nproc is None:  # one rank per GPU; one process on a CPU (ranks there would share its few cores)
         import torch
 
         nproc = torch.cuda.device_count() if torch.cuda.is_available() else 1

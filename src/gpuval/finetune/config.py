@@ -1,13 +1,18 @@
 """The fine-tune config: strict YAML (an unknown key is an error naming it), with --set overrides.
 
-    model: tiny                      # a local folder, a hub name, or `tiny` (the bundled model)
+    model: tiny                      # a local folder, a hub name, `tiny` (bundled) or `qwen2-7b-shape`
+    tokenizer: null                  # default: the model's; needed for a shape-only model
     dtype: bfloat16                  # weights of the frozen base model; LoRA adapters stay float32
     lora: {rank: 64, alpha: 128, dropout: 0.05, target_modules: [q_proj, k_proj, v_proj, o_proj]}
     data: {train: DIR/train.jsonl, eval: DIR/eval.jsonl, max_seq_len: 4096}
     train: {micro_batch_size: 2, grad_accum_steps: 4, lr: 2.0e-5, ...}
     output: runs/qwen2-7b-lora
+    synth: {n: 2000, holdout_n: 200} # optional, for `finetune run`: synthetic data first
+    prepare: {input: "{output}/synth/glaive.jsonl", eval_fraction: 0.02}   # optional, for `finetune run`
+    eval: {batch_size: 16, max_new_tokens: 256, max_examples: 200}
 
-Validation and error messages are those of profiles (gpuval.config.validate_model, apply_sets).
+`{output}` in any path is replaced by `output` (after --set), so `finetune run --output DIR` moves the whole
+run. Validation and error messages are those of profiles (gpuval.config.validate_model, apply_sets).
 """
 
 from __future__ import annotations
@@ -31,12 +36,47 @@ class LoraSettings(_Strict):
     target_modules: list[str] | Literal["all-linear"] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj"], description="linear module names, or 'all-linear'"
     )
+    trainable_tokens: list[str] = Field(
+        default_factory=list,
+        description="tokens whose embedding rows train too (PEFT trainable_token_indices): tokens the base "
+        "never learned, such as tool-call tags added to its vocabulary",
+    )
 
 
 class DataSettings(_Strict):
     train: str = Field(description="prepared JSONL ({'tools', 'messages'} per line), see `finetune prepare`")
     eval: str | None = Field(None, description="prepared JSONL for evaluation; not read by training")
     max_seq_len: StrictInt = Field(4096, ge=8, description="tokens per packed sequence")
+
+
+class SynthSettings(_Strict):
+    n: StrictInt = Field(ge=1, description="synthetic Glaive records for training and in-distribution eval")
+    seed: StrictInt = Field(0, description="seed of the training records")
+    values: Literal["all", "train", "holdout"] = Field("train", description="argument value pool part")
+    holdout_n: StrictInt = Field(
+        0, ge=0, description="extra records with held-out argument values, for the 'holdout_values' split"
+    )
+    holdout_seed: StrictInt = Field(1, description="seed of the held-out-values records")
+
+
+class PrepareSettings(_Strict):
+    input: str = Field("{output}/synth/glaive.jsonl", description="Glaive file or datasets name")
+    output: str = Field("{output}/data", description="folder for train/eval/eval_unseen.jsonl")
+    eval_fraction: float = Field(0.02, ge=0, lt=1, description="in-distribution eval share")
+    unseen_fraction: float | None = Field(None, ge=0, lt=1, description="unseen-function share")
+    seed: StrictInt = Field(0, description="seed of the splits")
+
+
+class EvalSettings(_Strict):
+    splits: dict[str, str] = Field(
+        default_factory=dict,
+        description="split name -> prepared JSONL; empty: data.eval, eval_unseen.jsonl beside it, and "
+        "the held-out-values split when synth makes one",
+    )
+    batch_size: StrictInt = Field(16, ge=1, description="prompts per generate() call per rank")
+    max_new_tokens: StrictInt = Field(256, ge=1, description="generation length limit")
+    max_examples: StrictInt | None = Field(200, ge=1, description="first N examples of each split")
+    base_model: bool = Field(True, description="also score the base model (adapter off)")
 
 
 class TrainSettings(_Strict):
@@ -52,15 +92,34 @@ class TrainSettings(_Strict):
     save_every_steps: StrictInt = Field(0, ge=0, description="checkpoint period in steps; 0: none")
     keep_last: StrictInt = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
     log_every_steps: StrictInt = Field(1, ge=1, description="print a progress line every N steps")
+    parallel: Literal["ddp", "fsdp", "deepspeed"] = Field(
+        "ddp", description="ddp (replicated base), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO, see below)"
+    )
+    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
+    tensorboard: bool = Field(True, description="write TensorBoard events under OUTPUT/tensorboard")
 
 
 class FinetuneConfig(_Strict):
-    model: str = Field("tiny", description="model folder, hub name, or 'tiny'")
+    model: str = Field(
+        "tiny", description="model folder, hub name, 'tiny', or a shape such as 'qwen2-7b-shape'"
+    )
+    tokenizer: str | None = Field(None, description="tokenizer folder or name; default: the model's")
     dtype: Literal["bfloat16", "float32"] = Field("bfloat16", description="base model weight dtype")
     lora: LoraSettings = LoraSettings()
     data: DataSettings
     train: TrainSettings = TrainSettings()
     output: str = Field(description="run folder: checkpoints/ and adapter/ go here")
+    synth: SynthSettings | None = None
+    prepare: PrepareSettings | None = None
+    eval: EvalSettings = EvalSettings()
+
+    def with_output(self) -> FinetuneConfig:
+        """A copy with `{output}` in every path replaced by `output`."""
+        return FinetuneConfig.model_validate(_substitute(self.model_dump(), self.output))
+
+    @property
+    def tokenizer_source(self) -> str:
+        return self.tokenizer or self.model
 
 
 def load_finetune_config(path: str | Path, assignments: list[str] | None = None) -> FinetuneConfig:
@@ -68,8 +127,18 @@ def load_finetune_config(path: str | Path, assignments: list[str] | None = None)
     config_path = Path(path)
     data = read_yaml(config_path, kind="config")
     apply_sets(data, assignments or [], dotted_maps=())
-    return validate_model(FinetuneConfig, data, f"config '{config_path}'")
+    return validate_model(FinetuneConfig, data, f"config '{config_path}'").with_output()
 
 
 def finetune_config_from_dict(data: dict[str, Any], source: str = "config") -> FinetuneConfig:
-    return validate_model(FinetuneConfig, data, source)
+    return validate_model(FinetuneConfig, data, source).with_output()
+
+
+def _substitute(value: Any, output: str) -> Any:
+    if isinstance(value, str):
+        return value.replace("{output}", output)
+    if isinstance(value, dict):
+        return {key: _substitute(item, output) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute(item, output) for item in value]
+    return value

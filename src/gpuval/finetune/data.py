@@ -81,6 +81,27 @@ def prepare(
     return stats
 
 
+def read_jsonl(path: str | Path, what: str) -> list[tuple[int, Any]]:
+    """(line number, decoded value) of every non-blank line of a prepared JSONL file; an unreadable file
+    or a line that is not JSON is one UsageError naming `what`, the file and the line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"{what} '{path}': cannot read it ({why or exc})") from None
+    values = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{what} '{path}' line {number}: not JSON ({exc.msg}); write it with `finetune prepare`"
+            ) from None
+    return values
+
+
 def read_source(source: str) -> list[SourceRecord]:
     """The records of a Glaive JSON list or JSONL file, or of a `datasets` name when no such file exists."""
     path = Path(source).expanduser()

@@ -11,8 +11,11 @@ from gpuval.errors import UsageError
 from gpuval.finetune.tiny import TINY_MODEL_DIR
 
 TINY_NAME = "tiny"  # `model: tiny` in a config means the bundled folder
+SHAPE_SUFFIX = "-shape"  # `model: qwen2-7b-shape`: shapes/qwen2-7b/config.json, random weights
+SHAPES_DIR = Path(__file__).parent / "shapes"
 TINY_INIT_SEED = 0  # the bundled model has no weights: every build from its config is the same
 ALL_LINEAR = "all-linear"  # PEFT's shorthand for every linear layer but the output head
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
 
 
@@ -21,6 +24,12 @@ def resolve_model(path_or_name: str | Path) -> str:
     text = str(path_or_name)
     if text == TINY_NAME:
         return str(TINY_MODEL_DIR)
+    if text.endswith(SHAPE_SUFFIX) and "/" not in text:
+        folder = SHAPES_DIR / text[: -len(SHAPE_SUFFIX)]
+        if not (folder / "config.json").is_file():
+            known = ", ".join(sorted(p.name + SHAPE_SUFFIX for p in SHAPES_DIR.iterdir() if p.is_dir()))
+            raise UsageError(f"model shape '{text}' is not bundled; known shapes: {known}")
+        return str(folder)
     path = Path(text).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -42,25 +51,39 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     source = resolve_model(path_or_name)
+    if Path(source).is_dir() and not any((Path(source) / name).is_file() for name in TOKENIZER_FILES):
+        raise UsageError(
+            f"model '{path_or_name}' has no tokenizer files; set `tokenizer:` in the config "
+            "(`tiny` for the bundled one, or a folder)"
+        )
     try:
         return AutoTokenizer.from_pretrained(source)
     except OSError as exc:
         raise UsageError(f"tokenizer '{path_or_name}': {_first_line(exc)}") from None
 
 
-def load_model(path_or_name: str | Path, dtype: torch.dtype = torch.bfloat16) -> Any:
+def load_model(
+    path_or_name: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | None = None
+) -> Any:
     """`AutoModelForCausalLM.from_pretrained` where there are weights; a folder with only config.json (the
-    bundled tiny model) gets `from_config` weights drawn with a fixed seed, without touching global RNG."""
+    bundled tiny model, a shape) gets `from_config` weights drawn with a fixed seed, without touching the
+    global RNG. `device`: where a weightless model is built (a 7B shape is initialised on the GPU in
+    seconds; on the CPU in minutes); loaded weights stay on the CPU for the caller to move."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     source = resolve_model(path_or_name)
     try:
         if Path(source).is_dir() and not has_weights(source):
             config = AutoConfig.from_pretrained(source)
-            with torch.random.fork_rng(devices=[]):
+            build_on = device or torch.device("cpu")
+            rng_devices = [build_on.index or 0] if build_on.type == "cuda" else []
+            with torch.random.fork_rng(devices=rng_devices, device_type=build_on.type), build_on:
                 torch.manual_seed(TINY_INIT_SEED)
-                model = AutoModelForCausalLM.from_config(config)
-            return model.to(dtype)
+                if build_on.type == "cpu":
+                    model = AutoModelForCausalLM.from_config(config).to(dtype)  # as the tiny tests expect
+                else:
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            return model
         return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as exc:
         raise UsageError(f"model '{path_or_name}': {_first_line(exc)}") from None
@@ -77,8 +100,10 @@ def apply_lora(
     alpha: float,
     dropout: float,
     target_modules: list[str] | str,
+    trainable_token_ids: list[int] | None = None,
 ) -> Any:
-    """PEFT LoRA adapters on `target_modules` (names or "all-linear"); only adapter weights train."""
+    """PEFT LoRA adapters on `target_modules` (names or "all-linear"); only adapter weights train, plus the
+    embedding rows of `trainable_token_ids` (PEFT TrainableTokens; a tied output head follows them)."""
     from peft import LoraConfig, get_peft_model
 
     targets: list[str] | str
@@ -100,8 +125,20 @@ def apply_lora(
         target_modules=targets,
         bias="none",
         task_type="CAUSAL_LM",
+        trainable_token_indices=list(trainable_token_ids) if trainable_token_ids else None,
     )
     return get_peft_model(model, config)
+
+
+def token_ids(tokenizer: Any, tokens: list[str]) -> list[int]:
+    """Vocabulary ids of whole tokens (`<tool_call>`); a string that is not one token is a UsageError."""
+    ids = []
+    for token in tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != token:
+            raise UsageError(f"lora.trainable_tokens: '{token}' is not a single token of the tokenizer")
+        ids.append(token_id)
+    return ids
 
 
 def _is_linear(module: torch.nn.Module) -> bool:

@@ -139,6 +139,18 @@ class Encoded:
         return sum(label != IGNORE_INDEX for label in self.labels)
 
 
+def label_spans(tokenizer: Any, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """Token ids of `text` (tokenized whole, as at inference) and labels: a token is labelled when it starts
+    inside one of the character `spans`, else IGNORE_INDEX."""
+    batch = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = list(batch["input_ids"])
+    labels = []
+    for token_id, (start, _end) in zip(input_ids, batch["offset_mapping"], strict=True):
+        inside = any(span_start <= start < span_end for span_start, span_end in spans)
+        labels.append(token_id if inside else IGNORE_INDEX)
+    return input_ids, labels
+
+
 def encode(example: dict[str, Any], tokenizer: Any, max_len: int) -> Encoded:
     """Token ids and labels of one conversation.
 
@@ -151,13 +163,7 @@ def encode(example: dict[str, Any], tokenizer: Any, max_len: int) -> Encoded:
     the caller should drop it.
     """
     text = render(example, tokenizer)
-    batch = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    input_ids = list(batch["input_ids"])
-    spans = assistant_spans(text)
-    labels = []
-    for token_id, (start, _end) in zip(input_ids, batch["offset_mapping"], strict=True):
-        inside = any(span_start <= start < span_end for span_start, span_end in spans)
-        labels.append(token_id if inside else IGNORE_INDEX)
+    input_ids, labels = label_spans(tokenizer, text, assistant_spans(text))
     truncated = len(input_ids) > max_len
     return Encoded(input_ids[:max_len], labels[:max_len], truncated)
 

@@ -1,17 +1,26 @@
-"""The bundled tiny model's files: a byte-level BPE tokenizer trained on synthetic Glaive conversations,
-and a small Qwen2 config. Weights are not shipped: `model.load_model` builds them from the config.
+"""The bundled tiny model: a byte-level BPE tokenizer trained on synthetic Glaive conversations, a small
+Qwen2 config, and weights pretrained by the project (full-parameter language modelling, ~2 MB in bf16).
 
-Regenerate (deterministic; the output is committed under `tiny_model/`):
-    python -m gpuval.finetune.tiny [--output DIR]
+Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
+follow a fixed seed and data order):
+    python -m gpuval.finetune.tiny [--output DIR] [--pretrain-steps N]
 
-The tokenizer sees only the "train" part of every argument-value pool (catalogue.py), so values held out
-for evaluation are not merged into single tokens it learned from them.
+What the base model learns, and what it does not: it is pretrained on synthetic conversations in Glaive's
+own text format (`USER:` / `ASSISTANT: <functioncall> {...}`) and on tool-free chats in the Qwen chat
+template. So it knows the language, the functions and how arguments follow from a request, but has never
+seen the Qwen tool format (`<tools>`, `<tool_call>`): before LoRA fine-tuning it makes no parsable call,
+as Qwen2-7B-Instruct's own template knows no tools (REFERENCE.md). Teaching that format is the fine-tune's
+job, and evaluation measures it.
+
+Both the tokenizer and the pretraining see only the "train" part of every argument-value pool
+(catalogue.py): values held out for evaluation are never merged into tokens or seen in any text.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +32,8 @@ from gpuval.finetune.template import (
     IM_START,
     QWEN25_TOOL_TEMPLATE,
     TOOL_TAGS,
+    assistant_spans,
+    label_spans,
     qwen_tools,
 )
 
@@ -56,15 +67,19 @@ TINY_CONFIG = {  # Qwen2 shape, scaled down: 4 heads of 32 and 2 KV heads, as GQ
 }
 
 
-def corpus_texts(n: int = CORPUS_RECORDS, seed: int = CORPUS_SEED) -> list[str]:
-    """Synthetic conversations rendered in the tool format, the text the tokenizer will meet in training."""
+def _tool_template() -> Any:
+    """Qwen2.5's tool template in a jinja environment set up as transformers sets up chat templates
+    (trim/lstrip blocks, a tojson that keeps non-ASCII characters); no tokenizer needed."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    # The same environment settings transformers uses for chat templates (trim/lstrip blocks, a tojson
-    # that keeps non-ASCII characters).
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     environment.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
-    template = environment.from_string(QWEN25_TOOL_TEMPLATE)
+    return environment.from_string(QWEN25_TOOL_TEMPLATE)
+
+
+def corpus_texts(n: int = CORPUS_RECORDS, seed: int = CORPUS_SEED) -> list[str]:
+    """Synthetic conversations rendered in the tool format, the text the tokenizer will meet in training."""
+    template = _tool_template()
     texts = []
     for record in synth_records(n, seed, values="train"):
         example = convert_record(record)
@@ -109,6 +124,87 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
+PRETRAIN_RECORDS = 8000
+PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
+PRETRAIN_STEPS = 1500
+PRETRAIN_SEQ = 1024
+PRETRAIN_BATCH = 4
+PRETRAIN_LR = 3e-3
+PRETRAIN_WARMUP = 50
+
+
+def pretrain_texts(n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED) -> list[str]:
+    """Every record in Glaive's raw text format, plus the tool-free ones again in the Qwen chat template."""
+    template = _tool_template()
+    texts = []
+    for record in synth_records(n, seed, values="train"):
+        texts.append(f"{record['system']}\n\n{record['chat']}")
+        example = convert_record(record)
+        if not example["tools"]:
+            texts.append(
+                template.render(messages=example["messages"], tools=None, add_generation_prompt=False)
+            )
+    return texts
+
+
+GLAIVE_REPLY = re.compile(r"ASSISTANT:(.*?)(?:<\|endoftext\|>|$)", re.S)
+
+
+def reply_spans(text: str) -> list[tuple[int, int]]:
+    """Where the assistant speaks: Qwen-template replies, or Glaive's `ASSISTANT: ... <|endoftext|>` turns
+    (end marker included, so the model learns to stop). Pretraining learns from these alone, as
+    supervised fine-tuning does, instead of spending the tiny model on system-prompt boilerplate."""
+    if IM_START in text:
+        return assistant_spans(text)
+    return [(m.start(1), m.end(0)) for m in GLAIVE_REPLY.finditer(text)]
+
+
+def pretrain(output: Path = TINY_MODEL_DIR, steps: int = PRETRAIN_STEPS, log: Any = print) -> Path:
+    """Full-parameter causal-LM training of the tiny config on `pretrain_texts`, saved as safetensors."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from gpuval.finetune.optim import lr_factor
+    from gpuval.finetune.packing import collate, pack
+    from gpuval.finetune.train import data_order
+
+    tokenizer = AutoTokenizer.from_pretrained(str(output))
+    docs = []
+    for text in pretrain_texts():
+        ids, labels = label_spans(tokenizer, text, reply_spans(text))
+        docs.append({"input_ids": ids, "labels": labels})
+    packs = pack(docs, PRETRAIN_SEQ)
+    torch.manual_seed(PRETRAIN_SEED)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(output)))
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, PRETRAIN_WARMUP, steps)
+    )
+    for step in range(steps):
+        batch = collate(
+            [packs[i] for i in data_order(len(packs), PRETRAIN_SEED, step * PRETRAIN_BATCH, PRETRAIN_BATCH)],
+            tokenizer.pad_token_id,
+            PRETRAIN_SEQ,
+        )
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 50 == 0 or step == steps - 1:
+            log(f"pretrain step {step + 1}/{steps} loss {loss.item():.4f}")
+    model.to(torch.bfloat16).save_pretrained(str(output), safe_serialization=True)
+    return output
+
+
 def write_tiny_model(output: Path = TINY_MODEL_DIR) -> Path:
     """Train the tokenizer and write it, its chat template and the model config to `output`."""
     from transformers import PreTrainedTokenizerFast
@@ -137,7 +233,10 @@ def write_tiny_model(output: Path = TINY_MODEL_DIR) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=TINY_MODEL_DIR)
-    print(write_tiny_model(parser.parse_args().output))
+    parser.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS)
+    args = parser.parse_args()
+    write_tiny_model(args.output)
+    print(pretrain(args.output, args.pretrain_steps))
 
 
 if __name__ == "__main__":

@@ -1,27 +1,30 @@
 """The LoRA fine-tune loop: one function, read top to bottom (after karpathy/nanoGPT's train.py).
 
-Runs as one process or under torchrun (DDP; gloo on CPU, NCCL on GPU). Every rank packs the whole training
-file the same way and reads its own slice of each step's global batch, so the data order depends only on
-the seed and the step — which is also all that resuming needs.
+Runs as one process or under torchrun (gloo on CPU, NCCL on GPU). Every rank packs the whole training file
+the same way and reads its own slice of each step's global batch, so the data order depends only on the
+seed and the step — which is also all that resuming needs.
+
+Across ranks (`train.parallel`), see parallel.py: `ddp` replicates the frozen base and all-reduces adapter
+gradients; `fsdp` shards the base and the adapters per decoder layer with FSDP2 (`fully_shard`);
+`deepspeed` hands the model to a DeepSpeed ZeRO engine configured by a JSON file.
 
 Loss normalisation: a step's loss is Σ(per-token cross-entropy) / (label tokens of every micro-batch of the
 step on every rank). The label-token count is all-reduced once per step, before the micro-batches; each
 micro-batch back-propagates its summed loss divided by that count and multiplied by the world size, since
-DDP averages gradients over ranks. So 2 ranks × k accumulation steps give the same gradients as 1 rank ×
-2k, and a long document weighs the same whichever micro-batch it lands in.
+DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps give the same gradients as
+1 rank × 2k, and a long document weighs the same whichever micro-batch it lands in.
 
-Not here yet: FSDP2 / DeepSpeed ZeRO-3, TensorBoard events, MFU in the progress line, evaluation loss.
+Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
+on rank 0, to TensorBoard under OUTPUT/tensorboard.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +32,25 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from gpuval.atomic import write_text_atomic
 from gpuval.errors import UsageError
 from gpuval.finetune.config import FinetuneConfig
-from gpuval.finetune.model import apply_lora, load_model, load_tokenizer
-from gpuval.finetune.packing import collate, pack_with_stats
+from gpuval.finetune.data import read_jsonl
+from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
+from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
+from gpuval.finetune.optim import lr_factor  # noqa: F401 - part of this module's API
+from gpuval.finetune.packing import collate, pack_with_stats, packs_s_eff
+from gpuval.finetune.parallel import make_parallel
 from gpuval.finetune.template import IGNORE_INDEX, encode
 from gpuval.runtime import Runtime
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
 FINAL_ADAPTER = "adapter"
-TRAINER_STATE = "trainer_state.pt"  # optimizer, scheduler (rank 0 writes; identical on every rank)
+TRAINER_STATE = "trainer_state.pt"  # adapter weights, optimizer, scheduler (full, written by rank 0)
 STATE_JSON = "state.json"  # step, data position: readable without torch
+TENSORBOARD = "tensorboard"
+SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
 
 
 def train(
@@ -61,9 +71,10 @@ def train(
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     output = Path(cfg.output)
     log = print if runtime.is_main else _quiet
+    writer = _tensorboard(output) if t.tensorboard and runtime.is_main else None
 
     # -- data: encode and pack the whole file, identically on every rank ---------------------------------
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.tokenizer_source)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     packed = pack_with_stats(_encoded(cfg.data.train, tokenizer, cfg.data.max_seq_len), cfg.data.max_seq_len)
     packs = packed.packs
@@ -76,28 +87,30 @@ def train(
     # -- model: frozen base + LoRA adapters (same init on every rank: seeded here) -----------------------
     torch.manual_seed(t.seed)
     random.seed(t.seed)
-    model = load_model(cfg.model, dtype)
+    model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
-    model = apply_lora(model, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules)
+    if max(max(p.input_ids) for p in packs) >= model.config.vocab_size:
+        raise UsageError(
+            f"tokenizer '{cfg.tokenizer_source}' makes ids beyond model '{cfg.model}''s vocabulary "
+            f"({model.config.vocab_size}): pair the model with its own tokenizer"
+        )
+    model = apply_lora(
+        model,
+        cfg.lora.rank,
+        cfg.lora.alpha,
+        cfg.lora.dropout,
+        cfg.lora.target_modules,
+        token_ids(tokenizer, cfg.lora.trainable_tokens),
+    )
     if t.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    trainable_count = sum(p.numel() for p in trainable)
-    ddp_model: torch.nn.Module = model
-    if world > 1:
-        device_ids = [device.index] if runtime.on_gpu else None
-        ddp_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    parallel = make_parallel(t.parallel, model, cfg, runtime, dtype)
     # bf16 autocast on GPU only: CPU autocast is slow and the tests compare float32 runs bit-for-bit.
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if runtime.on_gpu and dtype == torch.bfloat16 else None
-    )
-    mask_dtype = torch.bfloat16 if autocast is not None else dtype
-
-    optimizer = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, t.warmup_steps, t.max_steps)
-    )
+    autocast_on = runtime.on_gpu and dtype == torch.bfloat16
+    mask_dtype = torch.bfloat16 if autocast_on else dtype
+    peak = peak_flops(torch.cuda.get_device_name(device)) if autocast_on else None
 
     step = 0  # optimizer steps done
     resumed_from = None
@@ -105,28 +118,28 @@ def train(
         checkpoint = latest_checkpoint(output)
         if checkpoint is None:
             raise UsageError(f"--resume: no checkpoint under '{output / CHECKPOINTS}'")
-        step = load_checkpoint(checkpoint, model, optimizer, scheduler, rank)
+        step = load_checkpoint(checkpoint, parallel, rank)
         resumed_from = str(checkpoint)
 
     log("gpuval finetune: effective config")
     log(json.dumps(cfg.model_dump(), indent=2))
     log(
-        f"world {world} ({runtime.backend}, {device.type}) | packs {len(packs)} of "
-        f"{packed.max_seq_len} tokens, "
-        f"{packed.efficiency:.0%} filled, {packed.dropped} dropped, {packed.cut} cut | global batch "
-        f"{global_batch} packs = {tokens_per_step:,} token slots per step | trainable params "
-        f"{trainable_count:,}" + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
+        f"world {world} ({runtime.backend}, {device.type}, {t.parallel}) | packs {len(packs)} of "
+        f"{packed.max_seq_len} tokens, {packed.efficiency:.0%} filled, {packed.dropped} dropped, "
+        f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
+        f"trainable params {trainable_count:,}"
+        + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
     # -- the loop -------------------------------------------------------------------------------------------
     history: list[dict[str, Any]] = []
     last_step = t.max_steps if stop_after_step is None else min(stop_after_step, t.max_steps)
-    ddp_model.train()
+    parallel.module.train()
     while step < last_step:
         started = time.perf_counter()
         # This rank's packs of this step: a contiguous slice of the step's global batch.
-        first = step * global_batch + rank * per_rank
-        mine = [packs[i] for i in data_order(len(packs), t.seed, first, per_rank)]
+        step_packs = data_order(len(packs), t.seed, step * global_batch, global_batch)
+        mine = [packs[i] for i in step_packs[rank * per_rank : (rank + 1) * per_rank]]
         micro_batches = [mine[i : i + t.micro_batch_size] for i in range(0, per_rank, t.micro_batch_size)]
         # Padded to max_seq_len: one shape for every step (no per-shape kernel set-up on CPU or GPU).
         batches = [collate(mb, pad_id, cfg.data.max_seq_len, mask_dtype) for mb in micro_batches]
@@ -134,6 +147,7 @@ def train(
         counts = torch.tensor(
             [sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches), sum(map(len, mine))],
             dtype=torch.float64,
+            device=device,  # NCCL reduces GPU tensors only
         )
         dist.all_reduce(counts)
         label_tokens, real_tokens = int(counts[0]), int(counts[1])
@@ -141,12 +155,10 @@ def train(
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for index, batch in enumerate(batches):
             batch = {key: value.to(device) for key, value in batch.items()}
-            last_micro = index == len(batches) - 1
-            # DDP all-reduces gradients only on the last micro-batch of the step.
-            sync = nullcontext() if world == 1 or last_micro else ddp_model.no_sync()
-            with sync:
-                with autocast or nullcontext():
-                    logits = ddp_model(
+            # Gradients are reduced across ranks only on the last micro-batch of the step.
+            with parallel.accumulating(last=index == len(batches) - 1):
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
+                    logits = parallel.module(
                         input_ids=batch["input_ids"],
                         attention_mask=batch["attention_mask"],
                         position_ids=batch["position_ids"],
@@ -157,69 +169,80 @@ def train(
                     ignore_index=IGNORE_INDEX,
                     reduction="sum",
                 )
-                # × world: DDP divides the summed gradients by the world size.
-                (token_losses_sum * world / max(label_tokens, 1)).backward()
+                # × world: the gradient reduction divides the summed gradients by the world size.
+                parallel.backward(token_losses_sum * world / max(label_tokens, 1))
             loss_sum += token_losses_sum.detach().double()
 
-        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, t.grad_clip if t.grad_clip > 0 else math.inf)
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        lr = parallel.lr()
+        grad_norm = parallel.step(t.grad_clip)
         step += 1
 
         dist.all_reduce(loss_sum)
         loss = float(loss_sum) / max(label_tokens, 1)
         runtime.synchronize()
         elapsed_s = time.perf_counter() - started
+        per_gpu = real_tokens / world / elapsed_s
+        flops_per_token = lora_flops_per_token(
+            model.config, trainable_count, packs_s_eff(packs[i] for i in step_packs)
+        )
         record = {
             "step": step,
             "loss": loss,
             "lr": lr,
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "label_tokens": label_tokens,
             "tokens": real_tokens,
+            "step_s": elapsed_s,
             "tokens_per_s": real_tokens / elapsed_s,
+            "tokens_per_s_per_gpu": per_gpu,
+            "flops_per_token": flops_per_token,
+            "mfu": mfu(per_gpu, flops_per_token, peak),
         }
         history.append(record)
+        if writer is not None:
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s_per_gpu", "mfu"):
+                if record[key] is not None:
+                    writer.add_scalar(f"train/{key}", record[key], step)
         if step % t.log_every_steps == 0 or step == last_step:
             log(
                 f"step {step:5d}/{t.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad norm "
-                f"{record['grad_norm']:.3f} | {record['tokens_per_s']:,.0f} tokens/s"
+                f"{grad_norm:.3f} | {per_gpu:,.0f} tokens/s/GPU"
+                + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
             )
         if t.save_every_steps and step % t.save_every_steps == 0:
-            save_checkpoint(
-                output, step, step * global_batch, model, optimizer, scheduler, runtime, t.keep_last
-            )
+            save_checkpoint(output, step, step * global_batch, parallel, runtime, t.keep_last)
 
+    if writer is not None:
+        writer.close()
     adapter_dir = None
     if stop_after_step is None or stop_after_step >= t.max_steps:
         adapter_dir = output / FINAL_ADAPTER
+        weights = parallel.adapter_state()  # a collective: every rank takes part
         if runtime.is_main:
-            _save_adapter_atomic(model, adapter_dir)
+            _save_adapter_atomic(parallel.peft_model, weights, adapter_dir)
         runtime.barrier()
         log(f"adapter saved to {adapter_dir} (PEFT format)")
-    return {
+    summary = {
+        "schema": "gpuval.finetune.train/v1",
+        "model": cfg.model,
+        "device": torch.cuda.get_device_name(device) if runtime.on_gpu else "cpu",
+        "torch": torch.__version__,
         "steps": history,
         "final_step": step,
         "resumed_from": resumed_from,
         "adapter": str(adapter_dir) if adapter_dir else None,
         "world_size": world,
+        "parallel": t.parallel,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
         "packing_efficiency": packed.efficiency,
         "trainable_params": trainable_count,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if runtime.on_gpu else None,
     }
-
-
-def lr_factor(step: int, warmup_steps: int, max_steps: int) -> float:
-    """Multiplier of the peak lr for optimizer step `step` (0-based): linear warm-up, then cosine to 0."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    decay_steps = max(1, max_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if runtime.is_main:
+        write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
+    return summary
 
 
 def data_order(count: int, seed: int, start: int, length: int) -> list[int]:
@@ -237,20 +260,7 @@ def data_order(count: int, seed: int, start: int, length: int) -> list[int]:
 
 
 def _encoded(path: str, tokenizer: Any, max_seq_len: int) -> list[Any]:
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UsageError(f"training data '{path}': cannot read it ({exc.strerror or exc})") from None
-    docs = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            example = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"training data '{path}' line {number}: not JSON ({exc.msg})") from None
-        docs.append(encode(example, tokenizer, max_seq_len))
-    return docs
+    return [encode(example, tokenizer, max_seq_len) for _line, example in read_jsonl(path, "training data")]
 
 
 # -- checkpoints ------------------------------------------------------------------------------------------
@@ -274,27 +284,25 @@ def save_checkpoint(
     output: Path,
     step: int,
     data_position: int,
-    model: Any,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
+    parallel: Any,
     runtime: Runtime,
     keep_last: int,
 ) -> Path:
-    """Adapter, optimizer, scheduler, every rank's RNG states and the data position, into a temp folder
-    renamed into place once complete, so a kill mid-save never leaves a checkpoint that looks whole."""
+    """Adapter (PEFT format and full trainer state), optimizer, scheduler, every rank's RNG state and the
+    data position, into a temp folder renamed into place once complete, so a kill mid-save never leaves a
+    checkpoint that looks whole."""
     root = output / CHECKPOINTS
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
     temp = root / f".tmp-{CHECKPOINT_PREFIX}{step:08d}"
+    state = parallel.trainer_state()  # a collective: gathered onto rank 0
     if runtime.is_main:
         shutil.rmtree(temp, ignore_errors=True)
         temp.mkdir(parents=True)
-        model.save_pretrained(temp / FINAL_ADAPTER)
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, temp / TRAINER_STATE
-        )
+        parallel.peft_model.save_pretrained(temp / FINAL_ADAPTER, state_dict=state["adapter"])
+        torch.save(state, temp / TRAINER_STATE)
         # data_order is a pure function of (seed, position): the position is all the data state there is.
-        state = {"step": step, "data_position_packs": data_position, "world_size": runtime.world_size}
-        (temp / STATE_JSON).write_text(json.dumps(state) + "\n", encoding="utf-8")
+        meta = {"step": step, "data_position_packs": data_position, "world_size": runtime.world_size}
+        (temp / STATE_JSON).write_text(json.dumps(meta) + "\n", encoding="utf-8")
     runtime.barrier()
     torch.save(_rng_state(), temp / f"rng-rank{runtime.rank}.pt")  # dropout draws differ per rank
     runtime.barrier()
@@ -306,25 +314,18 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(
-    checkpoint: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int
-) -> int:
+def load_checkpoint(checkpoint: Path, parallel: Any, rank: int) -> int:
     """Restore what save_checkpoint wrote; returns the step to continue after."""
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
-
-    adapter_weights = load_file(str(checkpoint / FINAL_ADAPTER / "adapter_model.safetensors"))
-    result = set_peft_model_state_dict(model, adapter_weights)
-    if getattr(result, "unexpected_keys", None):
-        raise UsageError(f"checkpoint '{checkpoint}': adapter does not fit this model/config")
-    trainer_state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
-    optimizer.load_state_dict(trainer_state["optimizer"])
-    scheduler.load_state_dict(trainer_state["scheduler"])
     rng_file = checkpoint / f"rng-rank{rank}.pt"
     if not rng_file.is_file():
         raise UsageError(
             f"checkpoint '{checkpoint}' has no RNG state for rank {rank}: resume with the same world size"
         )
+    state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
+    try:
+        parallel.load_trainer_state(state)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise UsageError(f"checkpoint '{checkpoint}' does not fit this model/config ({exc})") from None
     _set_rng_state(torch.load(rng_file, weights_only=False))
     return int(json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))["step"])
 
@@ -353,10 +354,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         numpy.random.set_state(state["numpy"])
 
 
-def _save_adapter_atomic(model: Any, target: Path) -> None:
+def _tensorboard(output: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UsageError(
+            "train.tensorboard is on but the tensorboard package is missing: "
+            "pip install tensorboard, or --set train.tensorboard=false"
+        ) from None
+    return SummaryWriter(log_dir=str(output / TENSORBOARD))
+
+
+def _save_adapter_atomic(peft_model: Any, weights: dict[str, torch.Tensor], target: Path) -> None:
     temp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(temp, ignore_errors=True)
-    model.save_pretrained(temp)
+    peft_model.save_pretrained(temp, state_dict=weights)
     if target.exists():
         shutil.rmtree(target)
     os.replace(temp, target)

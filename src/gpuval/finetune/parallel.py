@@ -1,0 +1,250 @@
+"""How the LoRA model is spread over ranks (`train.parallel`), and the few places that changes the loop.
+
+- `ddp`: torch DistributedDataParallel over the adapter parameters (the frozen base is replicated and
+  never communicated). Gradients are all-reduced (averaged) on the last micro-batch of a step (`no_sync`
+  before it).
+- `fsdp`: FSDP2 (`torch.distributed.fsdp.fully_shard`, torchtitan's way): every decoder layer, then the
+  root, sharded over all ranks; on GPU in bf16 compute with float32 gradient reduction
+  (`MixedPrecisionPolicy`). Gradients are reduce-scattered (averaged) on the last micro-batch
+  (`set_requires_gradient_sync`). Frozen base weights are sharded too: a 7B base needs 1/world of
+  its memory per rank.
+- `deepspeed`: a DeepSpeed engine (ZeRO stage and options from `train.deepspeed_config`, a JSON file;
+  `deepspeed` is an optional dependency). gpuval fills the batch, accumulation, clipping and precision
+  keys from the fine-tune config so the two cannot disagree, and hands over its AdamW and schedule.
+
+Checkpoints use torch.distributed.checkpoint's state-dict API (`get_model_state_dict` /
+`get_optimizer_state_dict` with full state dicts): the same files for ddp and fsdp, written by rank 0,
+keyed by parameter name, loadable on any world size.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuval.errors import UsageError
+from gpuval.finetune.optim import make_optimizer_and_schedule
+
+# DeepSpeed keys gpuval sets from the fine-tune config (a JSON file that sets them differently is
+# overridden, and the run says so).
+DEEPSPEED_OWNED = (
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "bf16",
+    "fp16",
+)
+
+
+class Parallel:
+    """Plain (one process) or DDP; FSDP and DeepSpeed override what differs."""
+
+    def __init__(self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> None:
+        self.peft_model = peft_model
+        self.module: torch.nn.Module = peft_model
+        self.runtime = runtime
+        self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
+        self.wrap(cfg, dtype)
+        self.optimizer, self.scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
+
+    def wrap(self, cfg: Any, dtype: torch.dtype) -> None:
+        if self.runtime.world_size > 1:
+            device_ids = [self.runtime.device.index] if self.runtime.on_gpu else None
+            self.module = torch.nn.parallel.DistributedDataParallel(self.peft_model, device_ids=device_ids)
+
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
+        """Around a micro-batch's forward and backward: no gradient reduction unless `last`."""
+        if last or self.runtime.world_size == 1:
+            return nullcontext()
+        return self.module.no_sync()  # type: ignore[operator]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def step(self, grad_clip: float) -> float:
+        """Clip (0: no clipping, norm still measured), optimizer and schedule step; the global grad norm."""
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, grad_clip if grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(_full(norm))
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        """Trainable weights by name, complete, on the CPU (rank 0; other ranks may get an empty dict).
+        A collective: every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return get_model_state_dict(self.peft_model, options=options)
+
+    def trainer_state(self) -> dict[str, Any]:
+        """Adapter, optimizer (keyed by parameter name) and schedule, complete on rank 0. A collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer = get_optimizer_state_dict(self.peft_model, self.optimizer, options=options)
+        return {
+            "adapter": self.adapter_state(),
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
+        """What trainer_state returned (every rank reads the same file)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        result = set_model_state_dict(self.peft_model, state["adapter"], options=options)
+        if result.unexpected_keys:
+            raise KeyError(f"adapter weights not in this model: {result.unexpected_keys[0]}")
+        set_optimizer_state_dict(
+            self.peft_model, self.optimizer, optim_state_dict=state["optimizer"], options=options
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class Fsdp(Parallel):
+    def wrap(self, cfg: Any, dtype: torch.dtype) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        runtime = self.runtime
+        mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+        # LoRA weights stay float32 beside a bf16 base: one unit needs one compute dtype, so cast both.
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if runtime.on_gpu and dtype == torch.bfloat16
+            else MixedPrecisionPolicy()
+        )
+        for layer in decoder_layers(self.peft_model):
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(self.peft_model, mesh=mesh, mp_policy=policy)
+        self.module = self.peft_model
+        # Sharding replaced the parameters with DTensors: collect them again for the optimizer.
+        self.trainable = [p for p in self.peft_model.parameters() if p.requires_grad]
+
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
+        self.peft_model.set_requires_gradient_sync(last)
+        return nullcontext()
+
+
+class DeepSpeed(Parallel):
+    def __init__(self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> None:
+        try:
+            import deepspeed
+        except ImportError:
+            raise UsageError(
+                "train.parallel is deepspeed but the deepspeed package is missing: pip install deepspeed "
+                "(or use parallel ddp/fsdp)"
+            ) from None
+        self.peft_model = peft_model
+        self.runtime = runtime
+        self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
+        optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
+        ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=peft_model,
+            model_parameters=self.trainable,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
+            config=ds_config,
+            dist_init_required=False,
+        )
+        self.engine = engine
+        self.module = engine
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self.accumulation = cfg.train.grad_accum_steps
+        self._step_lr = float(scheduler.get_last_lr()[0])
+
+    def accumulating(self, last: bool) -> AbstractContextManager[Any]:
+        return nullcontext()  # the engine knows the accumulation boundary from its config
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # The engine divides by the accumulation steps (and averages over ranks); undo the first so the
+        # token-normalised loss of train.py holds.
+        self.engine.backward(loss * self.accumulation)
+        if self.engine.is_gradient_accumulation_boundary():
+            self._step_lr = float(self.scheduler.get_last_lr()[0])  # the lr this step uses
+        self.engine.step()  # an optimizer and schedule step only at the accumulation boundary
+
+    def lr(self) -> float:
+        return self._step_lr
+
+    def step(self, grad_clip: float) -> float:
+        norm = self.engine.get_global_grad_norm()  # clipping happened in the engine (gradient_clipping)
+        return float(norm) if norm is not None else float("nan")
+
+    def adapter_state(self) -> dict[str, torch.Tensor]:
+        import deepspeed
+
+        names = [n for n, p in self.peft_model.named_parameters() if p.requires_grad]
+        params = [p for p in self.peft_model.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            if not self.runtime.is_main:
+                return {}
+            return {n: p.detach().float().cpu().clone() for n, p in zip(names, params, strict=True)}
+
+    def trainer_state(self) -> dict[str, Any]:
+        raise UsageError(
+            "checkpoints under deepspeed are not supported yet: set train.save_every_steps=0, or use fsdp"
+        )
+
+
+def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:
+    """The JSON file's settings with gpuval's own keys (DEEPSPEED_OWNED) set from the fine-tune config."""
+    path = cfg.train.deepspeed_config
+    if not path:
+        raise UsageError("train.parallel is deepspeed but train.deepspeed_config names no JSON file")
+    try:
+        settings = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"deepspeed config '{path}': cannot read it ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"deepspeed config '{path}': not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(settings, dict):
+        raise UsageError(f"deepspeed config '{path}': the top level must be a JSON object")
+    t = cfg.train
+    settings = {key: value for key, value in settings.items() if key not in DEEPSPEED_OWNED}
+    settings.update(
+        {
+            "train_micro_batch_size_per_gpu": t.micro_batch_size,
+            "gradient_accumulation_steps": t.grad_accum_steps,
+            "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world,
+            "gradient_clipping": t.grad_clip,
+            "bf16": {"enabled": on_gpu and dtype == torch.bfloat16},
+        }
+    )
+    return settings
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks, found by the class names transformers marks as not to be split
+    (`_no_split_modules`, e.g. Qwen2DecoderLayer)."""
+    base = getattr(model, "get_base_model", lambda: model)()
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise UsageError(f"fsdp: no decoder layers found in {type(base).__name__}")
+    return layers
+
+
+def make_parallel(kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> Parallel:
+    classes = {"ddp": Parallel, "fsdp": Fsdp, "deepspeed": DeepSpeed}
+    return classes[kind](peft_model, cfg, runtime, dtype)
+
+
+def _full(value: Any) -> Any:
+    """A DTensor's full value (FSDP2 grad norms are DTensors); anything else as is."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -1,0 +1,139 @@
+"""`gpuval finetune eval | run` and their parts: generation, splits, eval.json, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+import torch  # noqa: E402
+
+from gpuval.errors import UsageError  # noqa: E402
+from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
+from gpuval.finetune.data import SourceRecord, convert_all, functions_named  # noqa: E402
+from gpuval.finetune.evaluate import generate, read_split  # noqa: E402
+from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
+from gpuval.finetune.pipeline import eval_splits, holdout_records  # noqa: E402
+from gpuval.finetune.scoring import split_target  # noqa: E402
+from gpuval.finetune.synth import synth_records, write_synth  # noqa: E402
+from gpuval.finetune.template import render_prompt  # noqa: E402
+
+CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+
+
+def prepared(n: int, seed: int, values: str = "train") -> list[dict]:
+    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(n, seed, values))]
+    return convert_all(records)[0]
+
+
+def test_batched_left_padded_generation_equals_one_prompt_at_a_time():
+    tokenizer = load_tokenizer("tiny")
+    model = load_model("tiny", torch.float32).eval()
+    prompts = [render_prompt(split_target(r)[0], tokenizer) for r in prepared(5, seed=11)]
+    assert len({len(tokenizer(p)["input_ids"]) for p in prompts}) > 1  # the batch really needs padding
+    device = torch.device("cpu")
+    batched = generate(model, tokenizer, prompts, batch_size=5, max_new_tokens=12, device=device)
+    alone = [
+        generate(model, tokenizer, [p], batch_size=1, max_new_tokens=12, device=device)[0] for p in prompts
+    ]
+    assert batched == alone
+    assert all(text for text in batched)  # the bundled model writes text, and stops at <|im_end|> or 12
+
+
+def test_holdout_split_keeps_call_records_of_seen_functions_only(tmp_path):
+    source = tmp_path / "holdout.jsonl"
+    write_synth(60, source, seed=5, values="holdout")
+    everything = holdout_records(source, None)
+    assert everything and all(split_target(r)[1] for r in everything)  # every first reply is a call
+    seen = set().union(*(functions_named(r) for r in everything[:5]))  # training showed these
+    kept = holdout_records(source, seen)
+    assert kept[:5] == everything[:5] and len(kept) < len(everything)
+    assert all(functions_named(r) <= seen for r in kept)
+
+
+def test_default_eval_splits_are_the_prepared_files_that_exist(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train", "eval", "eval_unseen", "holdout_values"):
+        (data / f"{name}.jsonl").write_text("", encoding="utf-8")
+    cfg = finetune_config_from_dict(
+        {
+            "data": {"train": "{output}/data/train.jsonl", "eval": "{output}/data/eval.jsonl"},
+            "output": str(tmp_path),
+        }
+    )
+    assert cfg.data.train == f"{tmp_path}/data/train.jsonl"  # {output} is substituted
+    assert eval_splits(cfg) == {
+        "eval": str(data / "eval.jsonl"),
+        "eval_unseen": str(data / "eval_unseen.jsonl"),
+        "holdout_values": str(data / "holdout_values.jsonl"),
+    }
+    (data / "eval_unseen.jsonl").unlink()
+    assert "eval_unseen" not in eval_splits(cfg)
+
+
+def test_a_split_line_that_is_not_json_names_the_file_and_line(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_text(json.dumps(prepared(1, seed=2)[0]) + "\n{oops\n", encoding="utf-8")
+    for limit in (None, 1):  # a broken file is an error even where the limit would not reach the line
+        with pytest.raises(UsageError, match=r"eval split '.*eval\.jsonl' line 2: not JSON"):
+            read_split(path, limit)
+
+
+def test_a_shape_without_tokenizer_and_an_unknown_shape_are_one_line_errors(tmp_path):
+    from gpuval.finetune.model import load_tokenizer, resolve_model
+
+    with pytest.raises(UsageError, match=r"has no tokenizer files; set `tokenizer:`"):
+        load_tokenizer("qwen2-7b-shape")
+    with pytest.raises(
+        UsageError, match=r"model shape 'llama-9b-shape' is not bundled; known shapes: qwen2-7b"
+    ):
+        resolve_model("llama-9b-shape")
+    cfg = load_finetune_config(CONFIG, ["model=qwen2-7b-shape", "tokenizer=tiny", f"output={tmp_path}"])
+    assert cfg.tokenizer_source == "tiny" and cfg.data.train == f"{tmp_path}/data/train.jsonl"
+
+
+def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gpuval):
+    sets = [
+        "synth.n=40",
+        "synth.holdout_n=12",
+        "train.max_steps=2",
+        "train.save_every_steps=0",
+        "data.max_seq_len=512",
+        "eval.max_examples=3",
+        "eval.max_new_tokens=8",
+    ]
+    args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
+    for assignment in sets:
+        args += ["--set", assignment]
+    result = gpuval(args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    assert (run / "adapter" / "adapter_config.json").is_file()
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    summary = json.loads((run / "train_summary.json").read_text(encoding="utf-8"))
+    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["steps"][0]["mfu"] is None  # CPU
+    document = json.loads((run / "eval.json").read_text(encoding="utf-8"))
+    assert document["schema"] == "gpuval.finetune.eval/v1"
+    assert set(document["splits"]) == {"eval", "eval_unseen", "holdout_values"}
+    for variants in document["splits"].values():
+        assert set(variants) == {"tuned", "base"}
+        assert 0 < variants["tuned"]["examples"] <= 3
+        assert 0.0 <= variants["tuned"]["exact_call_accuracy"] <= 1.0
+    lines = (run / "eval_predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 * sum(v["tuned"]["examples"] for v in document["splits"].values())
+    assert "exact = exact_call_accuracy" in result.stdout and "holdout_values" in result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines() if "│" in line)  # fits CI logs
+
+
+def test_eval_without_an_adapter_is_one_line_and_exit_2(tmp_path, gpuval):
+    result = gpuval(
+        ["finetune", "eval", "--config", str(CONFIG), "--set", f"output={tmp_path / 'nothing'}"], tmp_path
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "adapter" in result.stderr and "train first or pass --adapter" in result.stderr
