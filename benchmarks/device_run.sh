@@ -12,6 +12,9 @@ mkdir -p "$RUNS"
 exec > >(tee "$OUT/log.txt") 2>&1
 
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+# A lone GPU passed through to a VM has no NVLink; the profiles expect an HGX node's 18 per GPU.
+SETS=(--set expect.gpu_count="$GPUS")
+[ "$GPUS" = 1 ] && SETS+=(--set expect.nvlinks_per_gpu=null)
 python3 - "$OUT/env.json" <<'PY'
 import json, sys, datetime, os, torch, pynvml
 pynvml.nvmlInit()
@@ -38,12 +41,12 @@ timed() {  # timed NAME COMMAND...: run it, print and keep its exit code and wal
 }
 
 timed discover python3 -m gpuval discover --output "$OUT/discover.json"
-timed health python3 -m gpuval health --profile "$PROFILE" --set expect.gpu_count="$GPUS" --output "$RUNS/health"
+timed health python3 -m gpuval health --profile "$PROFILE" "${SETS[@]}" --output "$RUNS/health"
 cp "$RUNS/health/result.json" "$OUT/health.json"
 python3 benchmarks/record_nvml.py --output "$OUT/nvml.json"
 for tier in $TIERS; do
   flag=""; [ "$tier" = quick ] && flag="--quick"
-  timed "accept-$tier" python3 -m gpuval accept --profile "$PROFILE" --set expect.gpu_count="$GPUS" $flag \
+  timed "accept-$tier" python3 -m gpuval accept --profile "$PROFILE" "${SETS[@]}" $flag \
     --output "$RUNS/$tier"
   cp "$RUNS/$tier/result.json" "$OUT/accept-$tier.json"
 done

@@ -46,24 +46,31 @@ class Machine:
     profile: str
     nvlink: Status  # what nvlink.state/errors give on the healthy recording
     gpus: int  # GPUs on the recorded machine, the count its profile is set to expect
+    machine_sets: tuple[str, ...] = ()  # what the recorded machine is not of its profile's HGX node
 
     def health(self, root, sets=(), gpus=None, **kwargs):
         return health(
-            self.nvml, root, sets, profile=self.profile, gpus=self.gpus if gpus is None else gpus, **kwargs
+            self.nvml,
+            root,
+            [*self.machine_sets, *sets],
+            profile=self.profile,
+            gpus=self.gpus if gpus is None else gpus,
+            **kwargs,
         )
 
 
 @pytest.fixture(
     params=[
-        ("h200x2", "h200-sxm", Status.PASS),  # 18 NVLinks per GPU through NVSwitch
-        ("h100x1", "h100-sxm", Status.SKIP),  # one SXM GPU passed through alone: NVML gives no NVLink
+        ("h200x2", "h200-sxm", Status.PASS, ()),  # 18 NVLinks per GPU through NVSwitch
+        # one SXM GPU passed through alone: NVML gives no NVLink, so it is judged as not expecting any
+        ("h100x1", "h100-sxm", Status.SKIP, ("expect.nvlinks_per_gpu=null",)),
     ],
     ids=lambda param: param[0],
 )
 def machine(request) -> Machine:
-    stem, profile, nvlink = request.param
+    stem, profile, nvlink, machine_sets = request.param
     recording = load(stem)
-    return Machine(recording, profile, nvlink, recording["device_count"])
+    return Machine(recording, profile, nvlink, recording["device_count"], machine_sets)
 
 
 @pytest.fixture
@@ -222,13 +229,34 @@ def test_nvlink_error_counters_warn_per_link(h200, empty_root):
     assert "7 CRC errors on NVLink 3 of GPU 1" in only(checks, "nvlink.errors", Status.WARN)[0].detail
 
 
-def test_gpu_without_nvlink_skips(h200, empty_root):
+def test_gpu_without_nvlink_fails_where_the_profile_expects_18_and_skips_where_it_expects_none(
+    h200, empty_root
+):
     for link in h200["devices"][0]["nvlinks"]:
         link["state"] = {"error": "NVMLError_NotSupported"}
-    checks = health(h200, empty_root)
+    checks = health(h200, empty_root)  # h200-sxm: expect.nvlinks_per_gpu 18
+    assert bad(checks) == [("nvlink.state", Status.FAIL, "gpu:n1/0")]
+    missing = only(checks, "nvlink.state", Status.FAIL)[0]
+    assert (missing.value, missing.threshold) == (0, {"min": 18})
+    assert "GPU 0 has 0 of the profile's 18 NVLinks up" in missing.detail
+    assert "nvidia-fabricmanager" in missing.detail
+
+    checks = health(h200, empty_root, ["expect.nvlinks_per_gpu=null"])
     skipped = [(c.name, c.scope) for c in checks if c.status is Status.SKIP and c.name.startswith("nvlink")]
     assert skipped == [("nvlink.state", "gpu:n1/0"), ("nvlink.errors", "gpu:n1/0")]
     assert bad(checks) == []
+
+
+def test_the_lone_h100_fails_an_hgx_profile_for_its_missing_nvlinks(empty_root):
+    checks = health(load("h100x1"), empty_root, profile="h100-sxm", gpus=1)
+    assert bad(checks) == [("nvlink.state", Status.FAIL, "gpu:n1/0")]
+
+
+def test_fewer_links_than_expected_fail_even_when_every_reported_link_is_up(h200, empty_root):
+    del h200["devices"][1]["nvlinks"][12:]  # NVML reports 12 links, all up
+    checks = health(h200, empty_root)
+    assert bad(checks) == [("nvlink.state", Status.FAIL, "gpu:n1/1")]
+    assert only(checks, "nvlink.state", Status.FAIL)[0].value == 12
 
 
 def test_degraded_pcie_link_x8_of_x16(machine, empty_root):

@@ -49,6 +49,9 @@ class Expect(_Strict):
     driver_version: str | None = Field(
         None, description="NVIDIA driver version as a glob, e.g. '580.*' (fnmatch); unset: not checked"
     )
+    nvlinks_per_gpu: StrictInt | None = Field(
+        None, ge=0, description="NVLinks every GPU must have up (18 on HGX H100/H200); unset: all reported"
+    )
     ib_ports: StrictInt | None = Field(None, ge=0, description="InfiniBand ports per node (link layer IB)")
     ib_rate_gbps: float | None = Field(None, gt=0, description="minimum rate of every InfiniBand port, Gb/s")
 

@@ -1,5 +1,9 @@
 """NVLink: every link NVML reports must be up; data-link error counters should stay at zero.
 
+With `expect.nvlinks_per_gpu` (18 on HGX H100/H200) a GPU with fewer links up FAILs, also when NVML shows
+no NVLink at all: a node whose NVLinks vanished (fabric manager down, a tray out) must not pass as a
+PCIe-only machine. Without it, a GPU with no NVLink is SKIP.
+
 A down link is one FAIL per link (scope `link:NODE/gpuI-nvlinkJ`), so a CI system lists exactly which
 links to look at. Replay, recovery and CRC counters only ever grow; any count is a WARN to watch.
 """
@@ -86,12 +90,40 @@ def _errors(node: str, gpu: GpuInfo, scope: str) -> list[Check]:
     return checks
 
 
+def _count(gpu: GpuInfo, scope: str, expected: int) -> list[Check]:
+    up = sum(link.up for link in gpu.nvlinks)
+    if up >= expected:
+        return []
+    return [
+        Check(
+            name="nvlink.state",
+            status=Status.FAIL,
+            value=up,
+            threshold={"min": expected},
+            unit="links up",
+            scope=scope,
+            detail=f"GPU {gpu.index} has {up} of the profile's {expected} NVLinks up "
+            f"(NVML reports {plural(len(gpu.nvlinks), 'link')}): check nvidia-smi nvlink -s, that "
+            "nvidia-fabricmanager runs and the GPU is not passed through alone; then the NVSwitch tray",
+        )
+    ]
+
+
 def run(ctx: HealthContext) -> list[Check]:
+    expected = ctx.profile.expect.nvlinks_per_gpu
+
     def judge(gpu: GpuInfo, scope: str) -> list[Check]:
         if not gpu.nvlinks:
+            if expected:
+                return _count(gpu, scope, expected) + [
+                    skip("nvlink.errors", scope, "this GPU shows no NVLink to count errors on")
+                ]
             reason = "this GPU has no NVLink (or NVML reports none)"
             return [skip("nvlink.state", scope, reason), skip("nvlink.errors", scope, reason)]
-        return _state(ctx.node, gpu, scope) + _errors(ctx.node, gpu, scope)
+        state = _state(ctx.node, gpu, scope)
+        if expected and all(check.status == Status.PASS for check in state):
+            state = _count(gpu, scope, expected) or state
+        return state + _errors(ctx.node, gpu, scope)
 
     return per_gpu(ctx, ("nvlink.state", "nvlink.errors"), judge)
 
