@@ -137,3 +137,14 @@ def test_eval_without_an_adapter_is_one_line_and_exit_2(tmp_path, gpuval):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "adapter" in result.stderr and "train first or pass --adapter" in result.stderr
+
+
+def test_more_local_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
+    from gpuval import cli
+
+    # No GPU exists here: the two answers the check reads are what a 2-GPU machine gives.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cli._check_gpus_for(2)
+    with pytest.raises(UsageError, match=r"--nproc 4 asks for more ranks than the 2 GPU\(s\) visible"):
+        cli._check_gpus_for(4)

@@ -96,8 +96,13 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
     assert len(saved) == len(loaded)
 
 
-def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path):
-    settings = {"max_steps": 8, "save_every_steps": 2, "keep_last": 2}
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
+def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):
+    settings: dict[str, object] = {"max_steps": 8, "save_every_steps": 2, "keep_last": 2}
+    settings["parallel"] = parallel
+    if parallel == "deepspeed":
+        pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
+        settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
     whole = train(finetune_config_from_dict(config_dict(train_file, tmp_path / "whole", **settings)), runtime)
 
     cut_cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / "cut", **settings))

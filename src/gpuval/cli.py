@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, RunError
+from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, RunError, UsageError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -54,6 +54,18 @@ def _default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def _check_gpus_for(ranks: int) -> None:
+    """More local ranks than GPUs would put two ranks on one GPU (NCCL refuses): say so before starting."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible and ranks > visible:
+        raise UsageError(
+            f"--nproc {ranks} asks for more ranks than the {visible} GPU(s) visible here; "
+            f"use --nproc {visible} or fewer (one rank per GPU)"
+        )
+
+
 def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> int:
     """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
 
@@ -64,6 +76,7 @@ def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> i
 
     ranks = nproc if nproc is not None else _default_nproc()
     if launcher_env() == "single" and ranks > 1:
+        _check_gpus_for(ranks)
         return launch_local(ranks, [*sys.argv[1:], *extra_argv])
     try:
         code = work()

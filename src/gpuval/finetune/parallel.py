@@ -12,14 +12,16 @@
   `deepspeed` is an optional dependency). gpuval fills the batch, accumulation, clipping and precision
   keys from the fine-tune config so the two cannot disagree, and hands over its AdamW and schedule.
 
-Checkpoints use torch.distributed.checkpoint's state-dict API (`get_model_state_dict` /
-`get_optimizer_state_dict` with full state dicts): the same files for ddp and fsdp, written by rank 0,
-keyed by parameter name, loadable on any world size.
+Checkpoints (`save_state` / `load_state`): for ddp and fsdp, torch.distributed.checkpoint's state-dict API
+(`get_model_state_dict` / `get_optimizer_state_dict` with full state dicts) — one file, written by rank 0,
+keyed by parameter name; for deepspeed, the engine's own `save_checkpoint` (every rank its ZeRO
+partitions). Both also write the adapter in PEFT format.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,10 @@ import torch
 
 from gpuval.errors import UsageError
 from gpuval.finetune.optim import make_optimizer_and_schedule
+
+TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0)
+DEEPSPEED_DIR = "deepspeed"  # deepspeed checkpoints: the engine's own files
+DEEPSPEED_TAG = "state"
 
 # DeepSpeed keys gpuval sets from the fine-tune config (a JSON file that sets them differently is
 # overridden, and the run says so).
@@ -97,6 +103,17 @@ class Parallel:
             "scheduler": self.scheduler.state_dict(),
         }
 
+    def save_state(self, folder: Path, adapter_name: str) -> None:
+        """Into an existing checkpoint folder: the adapter in PEFT format and TRAINER_STATE (adapter,
+        optimizer, schedule), gathered and written by rank 0. A collective: every rank calls it."""
+        state = self.trainer_state()
+        if self.runtime.is_main:
+            self.peft_model.save_pretrained(folder / adapter_name, state_dict=state["adapter"])
+            torch.save(state, folder / TRAINER_STATE)
+
+    def load_state(self, folder: Path) -> None:
+        self.load_trainer_state(torch.load(folder / TRAINER_STATE, weights_only=False))
+
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         """What trainer_state returned (every rank reads the same file)."""
         from torch.distributed.checkpoint.state_dict import (
@@ -154,6 +171,11 @@ class DeepSpeed(Parallel):
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
+        # DeepSpeed reads the rank layout from the launcher's variables; a run gpuval started as one
+        # process (or under srun) has them in the runtime instead.
+        for key, value in (("LOCAL_RANK", runtime.local_rank), ("RANK", runtime.rank)):
+            os.environ.setdefault(key, str(value))
+        os.environ.setdefault("WORLD_SIZE", str(runtime.world_size))
         engine, optimizer, _, scheduler = deepspeed.initialize(
             model=peft_model,
             model_parameters=self.trainable,
@@ -196,10 +218,21 @@ class DeepSpeed(Parallel):
                 return {}
             return {n: p.detach().float().cpu().clone() for n, p in zip(names, params, strict=True)}
 
-    def trainer_state(self) -> dict[str, Any]:
-        raise UsageError(
-            "checkpoints under deepspeed are not supported yet: set train.save_every_steps=0, or use fsdp"
+    def save_state(self, folder: Path, adapter_name: str) -> None:
+        """The adapter in PEFT format (gathered, rank 0) and the engine's own checkpoint: every rank writes
+        its ZeRO partitions of the optimizer state, and the schedule, under `deepspeed/`."""
+        weights = self.adapter_state()
+        if self.runtime.is_main:
+            self.peft_model.save_pretrained(folder / adapter_name, state_dict=weights)
+        self.engine.save_checkpoint(str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG)
+
+    def load_state(self, folder: Path) -> None:
+        path, _client = self.engine.load_checkpoint(
+            str(folder / DEEPSPEED_DIR), tag=DEEPSPEED_TAG, load_module_strict=False
         )
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint under {folder / DEEPSPEED_DIR}")
+        self._step_lr = float(self.scheduler.get_last_lr()[0])
 
 
 def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> dict[str, Any]:

@@ -47,7 +47,6 @@ from gpuval.runtime import Runtime
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
 FINAL_ADAPTER = "adapter"
-TRAINER_STATE = "trainer_state.pt"  # adapter weights, optimizer, scheduler (full, written by rank 0)
 STATE_JSON = "state.json"  # step, data position: readable without torch
 TENSORBOARD = "tensorboard"
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
@@ -288,22 +287,20 @@ def save_checkpoint(
     runtime: Runtime,
     keep_last: int,
 ) -> Path:
-    """Adapter (PEFT format and full trainer state), optimizer, scheduler, every rank's RNG state and the
-    data position, into a temp folder renamed into place once complete, so a kill mid-save never leaves a
-    checkpoint that looks whole."""
+    """Adapter (PEFT format), optimizer, scheduler, every rank's RNG state and the data position, into a
+    temp folder renamed into place once complete, so a kill mid-save never leaves a checkpoint that looks
+    whole. What holds the optimizer state depends on `train.parallel` (parallel.py: save_state)."""
     root = output / CHECKPOINTS
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
     temp = root / f".tmp-{CHECKPOINT_PREFIX}{step:08d}"
-    state = parallel.trainer_state()  # a collective: gathered onto rank 0
     if runtime.is_main:
         shutil.rmtree(temp, ignore_errors=True)
         temp.mkdir(parents=True)
-        parallel.peft_model.save_pretrained(temp / FINAL_ADAPTER, state_dict=state["adapter"])
-        torch.save(state, temp / TRAINER_STATE)
         # data_order is a pure function of (seed, position): the position is all the data state there is.
         meta = {"step": step, "data_position_packs": data_position, "world_size": runtime.world_size}
         (temp / STATE_JSON).write_text(json.dumps(meta) + "\n", encoding="utf-8")
     runtime.barrier()
+    parallel.save_state(temp, FINAL_ADAPTER)  # a collective
     torch.save(_rng_state(), temp / f"rng-rank{runtime.rank}.pt")  # dropout draws differ per rank
     runtime.barrier()
     if runtime.is_main:
@@ -321,10 +318,9 @@ def load_checkpoint(checkpoint: Path, parallel: Any, rank: int) -> int:
         raise UsageError(
             f"checkpoint '{checkpoint}' has no RNG state for rank {rank}: resume with the same world size"
         )
-    state = torch.load(checkpoint / TRAINER_STATE, weights_only=False)
     try:
-        parallel.load_trainer_state(state)
-    except (KeyError, RuntimeError, ValueError) as exc:
+        parallel.load_state(checkpoint)
+    except (KeyError, RuntimeError, ValueError, FileNotFoundError) as exc:
         raise UsageError(f"checkpoint '{checkpoint}' does not fit this model/config ({exc})") from None
     _set_rng_state(torch.load(rng_file, weights_only=False))
     return int(json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))["step"])
