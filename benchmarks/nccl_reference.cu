@@ -1,6 +1,9 @@
 // Raw-NCCL reference for gpuval's collectives: the same ops, sizes and bandwidth formulas, timed the way
-// nccl-tests times them (one process driving every local GPU, back-to-back launches between two events,
-// time averaged over GPUs), with no Python and no torch.distributed in the path. nccl-tests itself cannot
+// nccl-tests times them (back-to-back launches between two events, time averaged over GPUs), with no
+// Python and no torch.distributed in the path. Two modes, as nccl-tests has: one process driving every
+// local GPU (its default, `-g N`), or one process per GPU (nccl-tests under MPI; torch's layout too):
+// set NCCL_REF_NRANKS, NCCL_REF_RANK and NCCL_REF_ID_FILE in each process (nccl_reference_mp.sh does);
+// rank 0 writes the ncclUniqueId to the file, the others read it, and rank 0 alone prints, timing its GPU. nccl-tests itself cannot
 // be fetched onto the lent machines; this harness shows what NCCL alone gives on the same machine, so
 // gpuval's overhead can be read off as the ratio.
 //
@@ -20,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #define CUDA_OK(cmd)                                                                            \
@@ -40,6 +44,7 @@
   } while (0)
 
 struct Rank {
+  int rank;  // global rank in the communicator
   int device;
   ncclComm_t comm;
   cudaStream_t stream;
@@ -55,12 +60,11 @@ static double busbw_factor(const std::string& op, int n) {
 }
 
 // Launch one op on every GPU. `count` is S in floats, a multiple of n.
-static void launch(const std::string& op, std::vector<Rank>& ranks, size_t count) {
-  const int n = static_cast<int>(ranks.size());
+static void launch(const std::string& op, std::vector<Rank>& ranks, size_t count, int n) {
   const size_t chunk = count / n;
   NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < n; ++r) {
-    Rank& k = ranks[r];
+  for (Rank& k : ranks) {
+    const int r = k.rank;
     if (op == "all_reduce") {
       NCCL_OK(ncclAllReduce(k.send, k.recv, count, ncclFloat, ncclSum, k.comm, k.stream));
     } else if (op == "all_gather") {  // S = whole output
@@ -104,18 +108,45 @@ int main(int argc, char** argv) {
   const int repeats = argc > 7 ? std::atoi(argv[7]) : 5;
 
   int n = 0;
-  CUDA_OK(cudaGetDeviceCount(&n));
-  std::vector<int> devices(n);
-  for (int i = 0; i < n; ++i) devices[i] = i;
-  std::vector<ncclComm_t> comms(n);
-  NCCL_OK(ncclCommInitAll(comms.data(), n, devices.data()));
+  std::vector<Rank> ranks;
+  const char* nranks_env = std::getenv("NCCL_REF_NRANKS");
+  if (nranks_env) {  // one process per GPU
+    n = std::atoi(nranks_env);
+    const int me = std::atoi(std::getenv("NCCL_REF_RANK"));
+    const std::string id_file = std::getenv("NCCL_REF_ID_FILE");
+    ncclUniqueId id;
+    if (me == 0) {
+      NCCL_OK(ncclGetUniqueId(&id));
+      const std::string temp = id_file + ".tmp";
+      FILE* out = std::fopen(temp.c_str(), "wb");
+      std::fwrite(&id, sizeof(id), 1, out);
+      std::fclose(out);
+      std::rename(temp.c_str(), id_file.c_str());  // readers never see half an id
+    } else {
+      FILE* in = nullptr;
+      while (!(in = std::fopen(id_file.c_str(), "rb"))) usleep(10000);
+      if (std::fread(&id, sizeof(id), 1, in) != 1) return 1;
+      std::fclose(in);
+    }
+    CUDA_OK(cudaSetDevice(me));
+    Rank k{};
+    k.rank = me;
+    k.device = me;
+    NCCL_OK(ncclCommInitRank(&k.comm, n, id, me));
+    ranks.push_back(k);
+  } else {  // one process, every local GPU
+    CUDA_OK(cudaGetDeviceCount(&n));
+    std::vector<int> devices(n);
+    for (int i = 0; i < n; ++i) devices[i] = i;
+    std::vector<ncclComm_t> comms(n);
+    NCCL_OK(ncclCommInitAll(comms.data(), n, devices.data()));
+    for (int r = 0; r < n; ++r) ranks.push_back(Rank{r, r, comms[r]});
+  }
+  const bool prints = ranks.front().rank == 0;
 
-  std::vector<Rank> ranks(n);
-  for (int r = 0; r < n; ++r) {
-    Rank& k = ranks[r];
-    k.device = r;
-    k.comm = comms[r];
-    CUDA_OK(cudaSetDevice(r));
+  for (Rank& k : ranks) {
+    const int r = k.rank;
+    CUDA_OK(cudaSetDevice(k.device));
     CUDA_OK(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking));
     CUDA_OK(cudaMalloc(&k.send, max_bytes));
     CUDA_OK(cudaMalloc(&k.recv, max_bytes));
@@ -128,7 +159,7 @@ int main(int argc, char** argv) {
   for (size_t size = min_bytes; size <= max_bytes; size *= factor) {
     size_t count = size / sizeof(float);
     count -= count % n;  // nccl-tests rounds S down to a multiple of n elements
-    for (int i = 0; i < warmup; ++i) launch(op, ranks, count);
+    for (int i = 0; i < warmup; ++i) launch(op, ranks, count, n);
     for (auto& k : ranks) CUDA_OK(cudaStreamSynchronize(k.stream));
     std::vector<double> block_us;
     for (int rep = 0; rep < repeats; ++rep) {
@@ -136,7 +167,7 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaSetDevice(k.device));
         CUDA_OK(cudaEventRecord(k.start, k.stream));
       }
-      for (int i = 0; i < iters; ++i) launch(op, ranks, count);
+      for (int i = 0; i < iters; ++i) launch(op, ranks, count, n);
       double sum_ms = 0.0;
       for (auto& k : ranks) {
         CUDA_OK(cudaSetDevice(k.device));
@@ -148,13 +179,15 @@ int main(int argc, char** argv) {
         CUDA_OK(cudaEventElapsedTime(&ms, k.start, k.stop));
         sum_ms += ms;
       }
-      block_us.push_back(sum_ms / n / iters * 1e3);  // averaged over GPUs, as nccl-tests' default -a 1
+      // averaged over this process's GPUs, as nccl-tests' default -a 1 (one GPU per process: rank 0's)
+      block_us.push_back(sum_ms / ranks.size() / iters * 1e3);
     }
     std::sort(block_us.begin(), block_us.end());
     const double median_us = block_us.size() % 2 ? block_us[block_us.size() / 2]
                                                  : (block_us[block_us.size() / 2 - 1] + block_us[block_us.size() / 2]) / 2;
     const double bytes = double(count) * sizeof(float);
     const double algbw = bytes / (median_us * 1e-6) / 1e9;
+    if (!prints) continue;
     std::printf(
         "{\"op\": \"%s\", \"bytes\": %zu, \"bytes_exact\": %.0f, \"ranks\": %d, \"time_us\": %.3f, "
         "\"time_us_min\": %.3f, \"time_us_max\": %.3f, \"algbw_gbps\": %.4f, \"busbw_gbps\": %.4f}\n",
