@@ -33,10 +33,21 @@ EXAMPLE = {
 }
 
 
-def test_bundled_files_are_small_and_carry_no_weights():
+def test_bundled_files_are_a_few_megabytes_with_bf16_weights():
     names = sorted(path.name for path in TINY_MODEL_DIR.iterdir())
-    assert names == ["chat_template.jinja", "config.json", "tokenizer.json", "tokenizer_config.json"]
-    assert sum(path.stat().st_size for path in TINY_MODEL_DIR.iterdir()) < 1_000_000
+    assert names == [
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    assert sum(path.stat().st_size for path in TINY_MODEL_DIR.iterdir()) < 4_000_000
+    from safetensors import safe_open
+
+    with safe_open(str(TINY_MODEL_DIR / "model.safetensors"), "pt") as weights:
+        assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
 
 
 def test_tiny_model_builds_the_same_weights_every_time_with_the_tokenizer_vocab():

@@ -154,8 +154,11 @@ def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation
         lora_weights(tmp_path / "single" / "adapter"),
     )
     assert sharded.keys() == whole.keys() and whole
+    # Equal up to the order of float sums: reduce-scatter over 2 ranks adds in another order than one
+    # process, and AdamW's update g/sqrt(v) magnifies that for a weight whose gradient is near zero, so
+    # a rare element moves by ~1e-4 (adapter weights here are ~1e-2); the losses above agree to 1e-5.
     for key in whole:
-        torch.testing.assert_close(sharded[key], whole[key], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(sharded[key], whole[key], rtol=1e-3, atol=2e-4)
     # train_summary.json holds what train() returned (rank 0 wrote it).
     written = json.loads((tmp_path / "fsdp" / "train_summary.json").read_text(encoding="utf-8"))
     assert [s["loss"] for s in written["steps"]] == fsdp

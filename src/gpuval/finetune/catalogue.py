@@ -9,18 +9,26 @@ partition depends on the pool alone, never on the seed, so data synthesised with
 synthesised with `values="holdout"` (any seeds) share no open-ended value: an evaluation on the holdout
 data measures whether a model copies arguments from the request instead of recalling them.
 Enum values and booleans are closed sets fixed by the schema: they are drawn from all of their values.
+
+A third part, **synthetic**, is for pretraining the bundled tiny model only: a listed text value becomes a
+made-up one of the same shape (letter runs replaced by random letters, case and punctuation kept: "ORD" ->
+"KWT", "Cape Town" -> "Rilo Vadf"), never one of the holdout values; numbers and dates come from the train
+part. With a dozen cities per pool, recalling a value is easier than copying it from the request; made-up
+values can only be copied, which is the skill the holdout evaluation asks for.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any, Literal
 
-ValuePart = Literal["train", "holdout", "all"]
+ValuePart = Literal["train", "holdout", "all", "synthetic"]
 HOLDOUT_EVERY = 4
 
 
@@ -30,10 +38,11 @@ class Pool:
 
     size: int
     value: Callable[[int], Any]
+    text: bool = False  # a listed pool of strings: "synthetic" values can be made in its shape
 
 
 def _listed(*values: Any) -> Pool:
-    return Pool(len(values), values.__getitem__)
+    return Pool(len(values), values.__getitem__, text=all(isinstance(v, str) for v in values))
 
 
 def _numbers(start: float, stop: float, step: float) -> Pool:
@@ -197,7 +206,7 @@ POOLS: dict[str, Pool] = {
 
 def _part_size(pool: Pool, part: ValuePart) -> int:
     held = pool.size // HOLDOUT_EVERY
-    return {"train": pool.size - held, "holdout": held, "all": pool.size}[part]
+    return {"train": pool.size - held, "holdout": held, "all": pool.size, "synthetic": pool.size - held}[part]
 
 
 def _part_index(j: int, part: ValuePart) -> int:
@@ -215,9 +224,46 @@ def pool_part(pool_name: str, part: ValuePart) -> list[Any]:
     return [pool.value(_part_index(j, part)) for j in range(_part_size(pool, part))]
 
 
+def made_up_like(example: str, rng: random.Random) -> str:
+    """`example` with every run of letters replaced by random letters of the same length and case."""
+
+    def letters(match: re.Match[str]) -> str:
+        run = match.group(0)
+        out = "".join(rng.choice(string.ascii_lowercase) for _ in run)
+        if run.isupper():
+            return out.upper()
+        return out.capitalize() if run[0].isupper() else out
+
+    return re.sub(r"[^\W\d_]+", letters, example)
+
+
+def _made_up(pool_name: str, rng: random.Random, k: int | None) -> Any:
+    held = set(pool_part(pool_name, "holdout"))
+    train = pool_part(pool_name, "train")
+
+    def one() -> str:
+        while True:
+            value = made_up_like(rng.choice(train), rng)
+            if value not in held:
+                return value
+
+    if k is None:
+        return one()
+    values: list[str] = []
+    while len(values) < min(k, len(train)):
+        value = one()
+        if value not in values:
+            values.append(value)
+    return values
+
+
 def draw(pool_name: str, rng: random.Random, part: ValuePart, k: int | None = None) -> Any:
     """One value of `part` of the pool, or a list of `k` distinct ones."""
     pool = POOLS[pool_name]
+    if part == "synthetic":
+        if pool.text:
+            return _made_up(pool_name, rng, k)
+        part = "train"
     size = _part_size(pool, part)
     if size == 0:
         raise ValueError(f"pool {pool_name!r} has no {part} values")

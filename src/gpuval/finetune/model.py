@@ -13,7 +13,7 @@ from gpuval.finetune.tiny import TINY_MODEL_DIR
 TINY_NAME = "tiny"  # `model: tiny` in a config means the bundled folder
 SHAPE_SUFFIX = "-shape"  # `model: qwen2-7b-shape`: shapes/qwen2-7b/config.json, random weights
 SHAPES_DIR = Path(__file__).parent / "shapes"
-TINY_INIT_SEED = 0  # the bundled model has no weights: every build from its config is the same
+TINY_INIT_SEED = 0  # a folder with only config.json (a shape) builds the same weights every time
 ALL_LINEAR = "all-linear"  # PEFT's shorthand for every linear layer but the output head
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json")
@@ -66,7 +66,7 @@ def load_model(
     path_or_name: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | None = None
 ) -> Any:
     """`AutoModelForCausalLM.from_pretrained` where there are weights; a folder with only config.json (the
-    bundled tiny model, a shape) gets `from_config` weights drawn with a fixed seed, without touching the
+    shapes) gets `from_config` weights drawn with a fixed seed, without touching the
     global RNG. `device`: where a weightless model is built (a 7B shape is initialised on the GPU in
     seconds; on the CPU in minutes); loaded weights stay on the CPU for the caller to move."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -131,12 +131,19 @@ def apply_lora(
 
 
 def token_ids(tokenizer: Any, tokens: list[str]) -> list[int]:
-    """Vocabulary ids of whole tokens (`<tool_call>`); a string that is not one token is a UsageError."""
+    """Vocabulary ids of whole tokens, given as the token (`<tool_call>`) or as the text it stands for
+    (`}}\n`, which byte-level BPE spells `}}Ċ`); text that is not exactly one token is a UsageError."""
     ids = []
     for token in tokens:
         token_id = tokenizer.convert_tokens_to_ids(token)
-        if not isinstance(token_id, int) or tokenizer.convert_ids_to_tokens(token_id) != token:
-            raise UsageError(f"lora.trainable_tokens: '{token}' is not a single token of the tokenizer")
+        if not (isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == token):
+            encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise UsageError(
+                    f"lora.trainable_tokens: {token!r} is not a single token of the tokenizer "
+                    f"({len(encoded)} tokens)"
+                )
+            token_id = encoded[0]
         ids.append(token_id)
     return ids
 

@@ -141,6 +141,7 @@ def collate(
     pad_id: int,
     pad_to: int | None = None,
     dtype: torch.dtype = torch.float32,
+    with_mask: bool = True,
 ) -> dict[str, torch.Tensor]:
     """Model inputs for a batch of packs, padded on the right to `pad_to` (default: the longest pack).
 
@@ -166,12 +167,10 @@ def collate(
         position_ids[row, :n] = torch.tensor(p.position_ids, dtype=torch.long)
         position_ids[row, n:] = torch.arange(seq - n)
         segments[row, :n] = torch.repeat_interleave(torch.arange(len(p.seq_lens)), torch.tensor(p.seq_lens))
-    return {
-        "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": position_ids,
-        "attention_mask": document_mask(segments, dtype),
-    }
+    batch = {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
+    if not with_mask:  # the caller builds the mask where it computes (document_mask(segments) on a GPU)
+        return {**batch, "segments": segments}
+    return {**batch, "attention_mask": document_mask(segments, dtype)}
 
 
 def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -179,9 +178,10 @@ def document_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) ->
     key k when k <= q and both lie in the same segment (0.0), else `finfo(dtype).min`, as transformers' own
     masks."""
     seq = segments.shape[-1]
-    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=segments.device).tril()
     allowed = (segments[:, :, None] == segments[:, None, :]) & causal
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segments.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None, :, :]
 
 

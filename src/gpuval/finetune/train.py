@@ -57,26 +57,31 @@ def train(
     runtime: Runtime,
     resume: bool = False,
     stop_after_step: int | None = None,
+    save_adapter: bool = True,
+    quiet: bool = False,
+    max_packs: int | None = None,
 ) -> dict[str, Any]:
     """Train LoRA adapters as `cfg` says; returns a summary with the per-step log.
 
     `resume`: continue from the newest checkpoint under `cfg.output` (none there: a UsageError).
     `stop_after_step`: return after that step without saving the final adapter, as a killed run would
-    (for tests of resuming).
+    (for tests of resuming). `save_adapter=False`: no final adapter (`gpuval bench train`); `quiet`: no
+    console output. `max_packs`: train on the first N packs only, so every step sees the same data and its
+    loss must fall (`gpuval bench train` passes one global batch).
     """
     t = cfg.train
     world, rank = runtime.world_size, runtime.rank
     device = runtime.device
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     output = Path(cfg.output)
-    log = print if runtime.is_main else _quiet
+    log = print if runtime.is_main and not quiet else _quiet
     writer = _tensorboard(output) if t.tensorboard and runtime.is_main else None
 
     # -- data: encode and pack the whole file, identically on every rank ---------------------------------
     tokenizer = load_tokenizer(cfg.tokenizer_source)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     packed = pack_with_stats(_encoded(cfg.data.train, tokenizer, cfg.data.max_seq_len), cfg.data.max_seq_len)
-    packs = packed.packs
+    packs = packed.packs[:max_packs]
     if not packs:
         raise UsageError(f"training data '{cfg.data.train}': no conversation with an assistant token")
     per_rank = t.micro_batch_size * t.grad_accum_steps  # packed sequences per rank per step
@@ -136,6 +141,9 @@ def train(
     parallel.module.train()
     while step < last_step:
         started = time.perf_counter()
+        if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         # This rank's packs of this step: a contiguous slice of the step's global batch.
         step_packs = data_order(len(packs), t.seed, step * global_batch, global_batch)
         mine = [packs[i] for i in step_packs[rank * per_rank : (rank + 1) * per_rank]]
@@ -178,8 +186,12 @@ def train(
 
         dist.all_reduce(loss_sum)
         loss = float(loss_sum) / max(label_tokens, 1)
-        runtime.synchronize()
-        elapsed_s = time.perf_counter() - started
+        if runtime.on_gpu:
+            events[1].record()
+            events[1].synchronize()
+            elapsed_s = events[0].elapsed_time(events[1]) / 1e3
+        else:
+            elapsed_s = time.perf_counter() - started
         per_gpu = real_tokens / world / elapsed_s
         flops_per_token = lora_flops_per_token(
             model.config, trainable_count, packs_s_eff(packs[i] for i in step_packs)
@@ -214,7 +226,7 @@ def train(
     if writer is not None:
         writer.close()
     adapter_dir = None
-    if stop_after_step is None or stop_after_step >= t.max_steps:
+    if save_adapter and (stop_after_step is None or stop_after_step >= t.max_steps):
         adapter_dir = output / FINAL_ADAPTER
         weights = parallel.adapter_state()  # a collective: every rank takes part
         if runtime.is_main:

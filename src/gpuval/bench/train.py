@@ -1,0 +1,214 @@
+"""Training throughput: the very step `gpuval finetune train` runs, timed on synthetic data.
+
+The benchmark writes synthetic Glaive-format conversations (prepared, one file per rank, the same on every
+rank), builds a fine-tune config from its options and calls `gpuval.finetune.train.train` for
+`warmup_steps + steps` optimizer steps on one global batch of sequences, the same every step; the first
+`warmup_steps` are not counted. Every step is timed with
+CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
+
+- `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
+- `mode: fixed`: every sequence is one conversation of exactly `seq_len` tokens (long conversations cut),
+  S_eff = seq_len — the shape the published anchors use.
+
+Reported per cluster: tokens/s per GPU (real tokens, padding excluded) median and range over the timed
+steps, MFU by the LoRA formula (finetune/flops.py; GPU only), step time, peak GPU memory. The run must
+train: the loss must fall from the first to the last steps and every gradient norm be finite and non-zero,
+or the benchmark fails with an error (a fast step that does not train is worthless). The same data every
+step makes that test exact rather than statistical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuval.bench.registry import Benchmark, Context, register
+from gpuval.errors import RunError
+from gpuval.results import Measurement
+
+RECORD_SEED = 5  # synthetic data: the same records on every rank and in every run
+
+
+class TrainBenchOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="model folder, hub name, or shape ('qwen2-7b-shape': random weights)")
+    tokenizer: str | None = Field("tiny", description="tokenizer (a shape has none; tiny ids fit any vocab)")
+    seq_len: int = Field(ge=16, description="tokens per sequence")
+    mode: Literal["packed", "fixed"] = Field("packed", description="packed documents or one per sequence")
+    records: int = Field(ge=1, description="synthetic conversations to draw sequences from")
+    steps: int = Field(ge=1, description="timed optimizer steps")
+    warmup_steps: int = Field(ge=0, description="untimed steps first (allocator, kernels, autotuning)")
+    micro_batch_size: int = Field(1, ge=1, description="sequences per forward per GPU")
+    grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    lora_rank: int = Field(64, ge=1)
+    lora_alpha: float = Field(128.0, gt=0)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    activation_checkpointing: bool = False
+    parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
+    deepspeed_config: str | None = None
+    dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
+    lr: float = Field(1e-4, gt=0, description="large enough that a few steps visibly lower the loss")
+
+
+def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
+    if on_gpu:  # issue 5: Qwen2-7B + LoRA r64 q/k/v/o at 4096 tokens
+        return {
+            "model": "qwen2-7b-shape",
+            "seq_len": 4096,
+            "records": 3000,
+            "steps": 4 if quick else 10,
+            "warmup_steps": 2 if quick else 3,
+            "dtype": "bfloat16",
+        }
+    return {
+        "model": "tiny",
+        "seq_len": 512,
+        "records": 200,
+        "steps": 3 if quick else 6,
+        "warmup_steps": 1,
+        "dtype": "float32",
+        "lr": 2e-3,
+    }
+
+
+def synthetic_conversations(options: TrainBenchOptions) -> list[dict[str, Any]]:
+    """Prepared conversations from `finetune synth`'s generator; in fixed mode, their turns joined until
+    each conversation is longer than a sequence can hold (training cuts it to exactly seq_len)."""
+    from gpuval.finetune.data import SourceRecord, convert_all
+    from gpuval.finetune.synth import synth_records
+
+    records = [
+        SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(options.records, RECORD_SEED))
+    ]
+    conversations, _skipped = convert_all(records)
+    if options.mode == "packed":
+        return conversations
+    # ~4 characters per token is a floor for this text with any BPE vocabulary: 8 x seq_len characters
+    # leaves every joined conversation longer than seq_len tokens.
+    joined: list[dict[str, Any]] = []
+    current: dict[str, Any] = {"tools": [], "messages": []}
+    for conversation in conversations:
+        if not current["messages"]:  # the first conversation's tools only: a short system prompt, so
+            current["tools"] = conversation["tools"]  # assistant turns start well inside seq_len
+        current["messages"] += conversation["messages"]
+        if len(json.dumps(current)) > 8 * options.seq_len:
+            joined.append(current)
+            current = {"tools": [], "messages": []}
+    if not joined:
+        raise RunError(
+            f"train: {options.records} records are too few for one {options.seq_len}-token sequence"
+        )
+    return joined
+
+
+def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
+    from gpuval.finetune.config import finetune_config_from_dict
+    from gpuval.finetune.train import train
+
+    runtime = ctx.runtime
+    ctx.progress("train: synthetic data")
+    with tempfile.TemporaryDirectory(prefix="gpuval-train-") as folder:
+        data = Path(folder) / "train.jsonl"
+        lines = (json.dumps(c, ensure_ascii=False) + "\n" for c in synthetic_conversations(options))
+        data.write_text("".join(lines), encoding="utf-8")
+        cfg = finetune_config_from_dict(
+            {
+                "model": options.model,
+                "tokenizer": options.tokenizer,
+                "dtype": options.dtype,
+                "lora": {
+                    "rank": options.lora_rank,
+                    "alpha": options.lora_alpha,
+                    "dropout": 0.0,
+                    "target_modules": options.target_modules,
+                },
+                "data": {"train": str(data), "max_seq_len": options.seq_len},
+                "train": {
+                    "micro_batch_size": options.micro_batch_size,
+                    "grad_accum_steps": options.grad_accum_steps,
+                    "lr": options.lr,
+                    "warmup_steps": 0,
+                    "max_steps": options.warmup_steps + options.steps,
+                    "activation_checkpointing": options.activation_checkpointing,
+                    "parallel": options.parallel,
+                    "deepspeed_config": options.deepspeed_config,
+                    "tensorboard": False,
+                    "log_every_steps": 10**6,
+                },
+                "output": str(Path(folder) / "run"),
+            },
+            source="bench train options",
+        )
+        ctx.progress(f"train: {options.model}, {options.mode} {options.seq_len}-token sequences")
+        # One global batch of packs, every step: the loss of the same data must fall if the step learns.
+        global_batch = options.micro_batch_size * options.grad_accum_steps * runtime.world_size
+        summary = train(cfg, runtime, save_adapter=False, quiet=True, max_packs=global_batch)
+    return [_measurement(summary, options, runtime)] if runtime.is_main else []
+
+
+def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: Any) -> Measurement:
+    steps = summary["steps"]
+    timed = steps[options.warmup_steps :]
+    norms = [s["grad_norm"] for s in steps]
+    if not all(math.isfinite(n) and n > 0 for n in norms):
+        raise RunError(
+            f"train: gradient norms {norms} are not all finite and non-zero: the step does not train"
+        )
+    first, last = steps[0]["loss"], statistics.fmean(s["loss"] for s in steps[-2:])
+    if not last < first:
+        raise RunError(
+            f"train: the loss did not fall ({first:.4f} at step 1, {last:.4f} at the end): "
+            "the step does not learn"
+        )
+    rates = [s["tokens_per_s_per_gpu"] for s in timed]
+    mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
+    return Measurement(
+        name="train",
+        scope="cluster",
+        params={
+            "model": options.model,
+            "mode": options.mode,
+            "seq_len": options.seq_len,
+            "micro_batch_size": options.micro_batch_size,
+            "grad_accum_steps": options.grad_accum_steps,
+            "lora_rank": options.lora_rank,
+            "target_modules": options.target_modules,
+            "activation_checkpointing": options.activation_checkpointing,
+            "parallel": options.parallel,
+            "world_size": runtime.world_size,
+            "trainable_params": summary["trainable_params"],
+            "packing_efficiency": summary["packing_efficiency"],
+        },
+        metrics={
+            "tokens_per_s_per_gpu": statistics.median(rates),
+            "tokens_per_s_per_gpu_min": min(rates),
+            "tokens_per_s_per_gpu_max": max(rates),
+            "mfu_pct": 100 * statistics.median(mfus) if mfus else None,
+            "step_ms": 1e3 * statistics.median(s["step_s"] for s in timed),
+            "peak_memory_gib": summary["peak_memory_gib"],
+            "loss_first": first,
+            "loss_last": last,
+        },
+        samples=len(timed),
+    )
+
+
+register(
+    Benchmark(
+        name="train",
+        summary="LoRA fine-tune step (Qwen2-7B shape on GPU): tokens/s per GPU, MFU, peak memory; must train",
+        options=TrainBenchOptions,
+        defaults=_defaults,
+        run=run_train,
+        produces=("train",),
+    )
+)

@@ -1,0 +1,41 @@
+"""The bundled tiny model learns the Qwen tool format through LoRA, on the CPU, in about two minutes:
+held-out accuracy rises from the base model's zero (issue 4; the full tiny-cpu run is
+benchmarks/finetune_cpu.sh, its result in benchmarks/results/cpu-finetune-2026-11-22/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer examples scored
+    "synth.n=600",
+    "synth.holdout_n=80",
+    "train.max_steps=150",
+    "train.save_every_steps=0",
+    "eval.max_examples=40",
+]
+
+
+def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tmp_path, gpuval):
+    args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
+    for assignment in SHORT:
+        args += ["--set", assignment]
+    result = gpuval(args, tmp_path, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    splits = json.loads((tmp_path / "run" / "eval.json").read_text(encoding="utf-8"))["splits"]
+    holdout = splits["holdout_values"]
+    # The base never saw <tool_call>: on requests that all want a call it makes none.
+    assert holdout["base"]["calls_made"] == 0 and holdout["base"]["exact_call_accuracy"] == 0.0
+    # After 150 LoRA steps the tuned model calls, names the function and fills in values it never saw.
+    tuned = holdout["tuned"]
+    assert tuned["call_recall"] >= 0.7  # 0.85 measured (precision 1.0) on the 2-core dev CPU
+    assert tuned["exact_call_accuracy"] >= 0.05, tuned  # 0.15 measured
+    assert tuned["argument_f1"] >= 0.25, tuned  # 0.38 measured
+    for split in ("eval", "eval_unseen"):
+        assert splits[split]["tuned"]["exact_call_accuracy"] > splits[split]["base"]["exact_call_accuracy"]
