@@ -241,9 +241,9 @@ def _profile(write_profile, text: str):
     return load_profile(str(write_profile(text)))
 
 
-def test_cpu_profile_plans_collectives_matmul_membw():
+def test_cpu_profile_plans_collectives_matmul_membw_train():
     plan = plan_benchmarks(load_profile("cpu"), quick=True, on_gpu=False)
-    assert list(plan) == ["collectives", "matmul", "membw"]
+    assert list(plan) == ["collectives", "matmul", "membw", "train"]  # train: the fine-tune step (issue 5)
     assert 2**20 in plan["collectives"].extra_sizes  # the size the thresholds name is always measured
 
 

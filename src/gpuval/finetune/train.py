@@ -20,6 +20,7 @@ on rank 0, to TensorBoard under OUTPUT/tensorboard.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -233,6 +234,10 @@ def train(
             _save_adapter_atomic(parallel.peft_model, weights, adapter_dir)
         runtime.barrier()
         log(f"adapter saved to {adapter_dir} (PEFT format)")
+    # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
+    # the garbage collector, it can be torn down after the caller destroys the group.
+    del parallel, model
+    gc.collect()
     summary = {
         "schema": "gpuval.finetune.train/v1",
         "model": cfg.model,
