@@ -72,7 +72,9 @@ def load_all() -> None:
         return
     import gpuval.bench as package
 
-    for module in pkgutil.iter_modules(package.__path__):
+    # Sorted: iter_modules lists in directory order, which differs between file systems and clones, and
+    # the registry's order is the order benchmarks run and appear in.
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
         if module.name not in _NOT_BENCHMARKS and not module.name.startswith("_"):
             importlib.import_module(f"gpuval.bench.{module.name}")
     _LOADED = True
