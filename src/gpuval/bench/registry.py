@@ -72,8 +72,6 @@ def load_all() -> None:
         return
     import gpuval.bench as package
 
-    # Sorted: iter_modules lists in directory order, which differs between file systems and clones, and
-    # the registry's order is the order benchmarks run and appear in.
     for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
         if module.name not in _NOT_BENCHMARKS and not module.name.startswith("_"):
             importlib.import_module(f"gpuval.bench.{module.name}")
@@ -81,8 +79,10 @@ def load_all() -> None:
 
 
 def all_benchmarks() -> dict[str, Benchmark]:
+    """Every benchmark, by name in name order: the order they run and are reported in, whichever module
+    happened to be imported first."""
     load_all()
-    return dict(_REGISTRY)
+    return {name: _REGISTRY[name] for name in sorted(_REGISTRY)}
 
 
 def get(name: str) -> Benchmark:
