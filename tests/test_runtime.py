@@ -218,7 +218,9 @@ def test_all_gather_object_lost_peer_is_run_error(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _gpuval(args: list[str], cwd: Path, kill_rank: str | None) -> subprocess.CompletedProcess:
+def _gpuval(
+    args: list[str], cwd: Path, kill_rank: str | None, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess:
     # gloo on CPUs (cli_env hides the GPUs), also on a GPU machine; 80 columns: the one-line message
     # must stay one line in a narrow terminal too
     env = cli_env(
@@ -227,6 +229,8 @@ def _gpuval(args: list[str], cwd: Path, kill_rank: str | None) -> subprocess.Com
     )
     if kill_rank is not None:
         env["GPUVAL_TEST_KILL_RANK"] = kill_rank
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return run_cli(args, cwd, env=env)
 
 
@@ -251,8 +255,9 @@ def test_killhook_inert_without_matching_rank(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
-def test_dead_rank_bench(tmp_path):
+def test_dead_rank_bench(tmp_path, tmp_path_factory):
     out = tmp_path / "bench.json"
+    temp = tmp_path_factory.mktemp("tmpdir")
     proc = _gpuval(
         [
             "bench",
@@ -274,10 +279,13 @@ def test_dead_rank_bench(tmp_path):
         ],
         tmp_path,
         kill_rank="1",
+        tmpdir=temp,
     )
     _assert_dead_rank_reported(proc)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
+    # the launcher's exit-code folder goes too, also when a rank died
+    assert not list(temp.glob("gpuval-exit-*"))
 
 
 def test_dead_rank_accept(tmp_path):

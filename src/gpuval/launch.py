@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -41,18 +42,15 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     )
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)
+        codes = {int(p.name): int(p.read_text()) for p in exit_dir.iterdir() if p.name.isdigit()}
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         raise RunError(f"rank {rank} died ({how}) before finishing; its own output above says why") from None
     finally:
+        # Also after a dead rank or an interrupt: no exit folder is left behind in the temp directory.
         os.environ.pop(EXIT_DIR_VARIABLE, None)
-    try:
-        codes = {int(p.name): int(p.read_text()) for p in exit_dir.iterdir() if p.name.isdigit()}
-    finally:
-        for path in exit_dir.iterdir():
-            path.unlink()
-        exit_dir.rmdir()
+        shutil.rmtree(exit_dir, ignore_errors=True)
     return codes.get(0, EXIT_ERROR)
 
 
