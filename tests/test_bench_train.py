@@ -23,7 +23,15 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         {"loss": loss, "grad_norm": norm, "tokens_per_s_per_gpu": 100.0 + i, "mfu": None, "step_s": 0.5}
         for i, (loss, norm) in enumerate(zip(losses, norms, strict=True))
     ]
-    return {"steps": steps, "trainable_params": 10, "packing_efficiency": 0.9, "peak_memory_gib": None}
+    return {
+        "steps": steps,
+        "trainable_params": 10,
+        "packing_efficiency": 0.9,
+        "peak_memory_gib": None,
+        "attention": "sdpa",
+        "kernels": "torch",
+        "fused_loss": False,
+    }
 
 
 RUNTIME = SimpleNamespace(world_size=1)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import tempfile
 from pathlib import Path
@@ -49,10 +50,21 @@ class TrainBenchOptions(BaseModel):
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
     lora_rank: int = Field(64, ge=1)
     lora_alpha: float = Field(128.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input (recipe: 0.05)")
     target_modules: list[str] | Literal["all-linear"] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
     )
     activation_checkpointing: bool = False
+    attention: Literal["auto", "sdpa", "varlen"] = Field(
+        "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen on a GPU"
+    )
+    kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
+        "auto", description="Liger-Kernel fused ops and loss, or transformers' own; auto: liger on a GPU"
+    )
+    compile: bool = Field(False, description="torch.compile every decoder layer")
+    profile_dir: str | None = Field(
+        None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
+    )
     parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
     deepspeed_config: str | None = None
     dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
@@ -112,7 +124,7 @@ def synthetic_conversations(options: TrainBenchOptions) -> list[dict[str, Any]]:
 
 def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
     from gpuval.finetune.config import finetune_config_from_dict
-    from gpuval.finetune.train import train
+    from gpuval.finetune.train import PROFILE, train
 
     runtime = ctx.runtime
     ctx.progress("train: synthetic data")
@@ -128,7 +140,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                 "lora": {
                     "rank": options.lora_rank,
                     "alpha": options.lora_alpha,
-                    "dropout": 0.0,
+                    "dropout": options.lora_dropout,
                     "target_modules": options.target_modules,
                 },
                 "data": {"train": str(data), "max_seq_len": options.seq_len},
@@ -139,6 +151,10 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "warmup_steps": 0,
                     "max_steps": options.warmup_steps + options.steps,
                     "activation_checkpointing": options.activation_checkpointing,
+                    "attention": options.attention,
+                    "kernels": options.kernels,
+                    "compile": options.compile,
+                    "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
                     "tensorboard": False,
@@ -152,6 +168,8 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
         # One global batch of packs, every step: the loss of the same data must fall if the step learns.
         global_batch = options.micro_batch_size * options.grad_accum_steps * runtime.world_size
         summary = train(cfg, runtime, save_adapter=False, quiet=True, max_packs=global_batch)
+        if options.profile_dir and runtime.is_main:
+            shutil.copytree(Path(cfg.output) / PROFILE, options.profile_dir, dirs_exist_ok=True)
     return [_measurement(summary, options, runtime)] if runtime.is_main else []
 
 
@@ -181,8 +199,13 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "micro_batch_size": options.micro_batch_size,
             "grad_accum_steps": options.grad_accum_steps,
             "lora_rank": options.lora_rank,
+            "lora_dropout": options.lora_dropout,
             "target_modules": options.target_modules,
             "activation_checkpointing": options.activation_checkpointing,
+            "attention": summary["attention"],  # what ran, after auto
+            "kernels": summary["kernels"],
+            "fused_loss": summary["fused_loss"],
+            "compile": options.compile,
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

@@ -97,6 +97,23 @@ class TrainSettings(_Strict):
     )
     deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
     tensorboard: bool = Field(True, description="write TensorBoard events under OUTPUT/tensorboard")
+    attention: Literal["auto", "sdpa", "varlen"] = Field(
+        "auto",
+        description="per-document attention: varlen (flash varlen, no mask; GPU), sdpa (dense document "
+        "mask); auto: varlen on a GPU (finetune/kernels.py)",
+    )
+    kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
+        "auto",
+        description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and fused linear+cross-entropy (ddp); "
+        "liger-loss: the fused loss alone; torch: transformers' own; auto: liger on a GPU when installed",
+    )
+    compile: bool = Field(False, description="torch.compile every decoder layer (GPU)")
+    profile_steps: StrictInt = Field(
+        0,
+        ge=0,
+        description="PyTorch-profile this many steps after the first two: OUTPUT/profile/trace.json "
+        "(Perfetto) and operators.txt",
+    )
 
 
 class FinetuneConfig(_Strict):

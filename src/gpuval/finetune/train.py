@@ -31,13 +31,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from gpuval.atomic import write_text_atomic
 from gpuval.errors import UsageError
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
+from gpuval.finetune.kernels import (
+    LossHead,
+    apply_liger,
+    flatten_for_varlen,
+    resolve_attention,
+    resolve_kernels,
+    use_varlen_attention,
+)
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
 from gpuval.finetune.optim import lr_factor  # noqa: F401 - part of this module's API
 from gpuval.finetune.packing import collate, pack_with_stats, packs_s_eff
@@ -50,6 +57,8 @@ CHECKPOINT_PREFIX = "step-"
 FINAL_ADAPTER = "adapter"
 STATE_JSON = "state.json"  # step, data position: readable without torch
 TENSORBOARD = "tensorboard"
+PROFILE = "profile"  # train.profile_steps: trace.json and operators.txt
+PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
 
 
@@ -92,8 +101,14 @@ def train(
     # -- model: frozen base + LoRA adapters (same init on every rank: seeded here) -----------------------
     torch.manual_seed(t.seed)
     random.seed(t.seed)
+    attention = resolve_attention(t.attention, runtime.on_gpu)
+    kernels = resolve_kernels(t.kernels, runtime.on_gpu)
     model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
+    if kernels == "liger":
+        apply_liger(model)
+    if attention == "varlen":
+        use_varlen_attention(model)
     if max(max(p.input_ids) for p in packs) >= model.config.vocab_size:
         raise UsageError(
             f"tokenizer '{cfg.tokenizer_source}' makes ids beyond model '{cfg.model}''s vocabulary "
@@ -110,6 +125,12 @@ def train(
     if t.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
+    # The fused loss takes the output head out of the model; only where the head is whole on every rank.
+    fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
+    loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
+    if t.compile:  # per decoder layer, before FSDP wraps them (as torchtitan does)
+        for layer in model.get_base_model().get_decoder().layers:
+            layer.compile()
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parallel = make_parallel(t.parallel, model, cfg, runtime, dtype)
     # bf16 autocast on GPU only: CPU autocast is slow and the tests compare float32 runs bit-for-bit.
@@ -140,7 +161,10 @@ def train(
     history: list[dict[str, Any]] = []
     last_step = t.max_steps if stop_after_step is None else min(stop_after_step, t.max_steps)
     parallel.module.train()
+    profiler = None
     while step < last_step:
+        if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
+            profiler = _start_profiler(runtime.on_gpu)
         started = time.perf_counter()
         if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -150,7 +174,16 @@ def train(
         mine = [packs[i] for i in step_packs[rank * per_rank : (rank + 1) * per_rank]]
         micro_batches = [mine[i : i + t.micro_batch_size] for i in range(0, per_rank, t.micro_batch_size)]
         # Padded to max_seq_len: one shape for every step (no per-shape kernel set-up on CPU or GPU).
-        batches = [collate(mb, pad_id, cfg.data.max_seq_len, mask_dtype) for mb in micro_batches]
+        if attention == "varlen":  # one row per micro-batch, documents by cu_seq_lens: no mask at all
+            batches = [
+                flatten_for_varlen(
+                    collate(mb, pad_id, cfg.data.max_seq_len, with_mask=False),
+                    max_length=cfg.data.max_seq_len if t.compile else None,
+                )
+                for mb in micro_batches
+            ]
+        else:
+            batches = [collate(mb, pad_id, cfg.data.max_seq_len, mask_dtype) for mb in micro_batches]
         # Label tokens of the whole step on every rank: the loss denominator (labels shift by one).
         counts = torch.tensor(
             [sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches), sum(map(len, mine))],
@@ -162,21 +195,15 @@ def train(
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for index, batch in enumerate(batches):
-            batch = {key: value.to(device) for key, value in batch.items()}
+            batch = {key: _to(value, device) for key, value in batch.items()}
+            labels = batch.pop("labels")
+            batch.pop("segments", None)
             # Gradients are reduced across ranks only on the last micro-batch of the step.
             with parallel.accumulating(last=index == len(batches) - 1):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
-                    logits = parallel.module(
-                        input_ids=batch["input_ids"],
-                        attention_mask=batch["attention_mask"],
-                        position_ids=batch["position_ids"],
-                    ).logits
-                token_losses_sum = F.cross_entropy(
-                    logits[:, :-1].flatten(0, 1).float(),
-                    batch["labels"][:, 1:].flatten(),
-                    ignore_index=IGNORE_INDEX,
-                    reduction="sum",
-                )
+                    # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
+                    model_out = parallel.module(**batch).logits
+                    token_losses_sum = loss_head(model_out, labels)
                 # × world: the gradient reduction divides the summed gradients by the world size.
                 parallel.backward(token_losses_sum * world / max(label_tokens, 1))
             loss_sum += token_losses_sum.detach().double()
@@ -184,6 +211,9 @@ def train(
         lr = parallel.lr()
         grad_norm = parallel.step(t.grad_clip)
         step += 1
+        if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
+            _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
+            profiler = None
 
         dist.all_reduce(loss_sum)
         loss = float(loss_sum) / max(label_tokens, 1)
@@ -236,7 +266,8 @@ def train(
         log(f"adapter saved to {adapter_dir} (PEFT format)")
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
-    del parallel, model
+    fused_loss = loss_head.fused is not None
+    del parallel, model, loss_head
     gc.collect()
     summary = {
         "schema": "gpuval.finetune.train/v1",
@@ -249,6 +280,11 @@ def train(
         "adapter": str(adapter_dir) if adapter_dir else None,
         "world_size": world,
         "parallel": t.parallel,
+        "attention": attention,
+        "kernels": kernels,
+        "fused_loss": fused_loss,
+        "activation_checkpointing": t.activation_checkpointing,
+        "compile": t.compile,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -259,6 +295,31 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _start_profiler(on_gpu: bool) -> Any:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    profiler = profile(activities=activities)
+    profiler.__enter__()
+    return profiler
+
+
+def _stop_profiler(profiler: Any, folder: Path, on_gpu: bool) -> None:
+    """A Chrome/Perfetto trace of the profiled steps and a table of the operators by device time."""
+    if on_gpu:
+        torch.cuda.synchronize()
+    profiler.__exit__(None, None, None)
+    folder.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(folder / "trace.json"))
+    sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    table = profiler.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=70)
+    write_text_atomic(folder / "operators.txt", table + "\n")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
 def data_order(count: int, seed: int, start: int, length: int) -> list[int]:

@@ -1,0 +1,236 @@
+"""The fast training step's kernels: varlen attention over packed documents, Liger-Kernel's fused
+operators and its fused linear + cross-entropy (issue 5; what each one bought: benchmarks/NOTES.md).
+
+Attention (`train.attention`)
+- `sdpa`: transformers' SDPA with the explicit `(batch, 1, seq, seq)` document mask of packing.collate.
+  Correct everywhere, but a dense mask rules out SDPA's flash kernel and costs 32 MiB per 4096-token row.
+- `varlen`: each micro-batch is flattened to one row and attention runs per document through
+  `torch.nn.attention.varlen.varlen_attn` (PyTorch's flash-attention varlen kernel, CUDA only), with
+  `cu_seq_lens` built from the restarting position ids (packing.varlen_kwargs). No mask exists at all. It is
+  registered with transformers as the attention implementation `gpuval_varlen` (AttentionInterface), with a
+  mask function that makes no mask (AttentionMaskInterface). On a CPU the same function runs SDPA once per
+  document, so the plumbing is tested where there is no GPU.
+- `auto`: varlen on a GPU, sdpa on a CPU.
+
+Kernels (`train.kernels`)
+- `liger`: Liger-Kernel (linkedin/Liger-Kernel, as TRL/Axolotl's `use_liger_kernel`) RMSNorm, SwiGLU and
+  RoPE in the model, and its fused linear + cross-entropy for the loss: the output head's logits (152,064
+  per token for Qwen2) are computed and reduced chunk by chunk and never exist in full. The fused loss needs
+  the whole output-head weight on the rank, so it is used with `train.parallel: ddp` only (FSDP and ZeRO-3
+  shard it); the other kernels work with all three.
+- `liger-loss`: Liger's fused linear + cross-entropy alone (with `train.compile`, which fuses the rest).
+- `torch`: transformers' own modules and `F.cross_entropy` over the full logits.
+- `auto`: liger on a GPU when the package is installed, torch otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gpuval.errors import UsageError
+from gpuval.finetune.template import IGNORE_INDEX
+
+VARLEN = "gpuval_varlen"  # the attention implementation name registered with transformers
+
+
+# -- attention ------------------------------------------------------------------------------------------
+
+
+def resolve_attention(setting: str, on_gpu: bool) -> str:
+    """`sdpa` or `varlen` for `train.attention` (auto: varlen on a GPU); varlen needs varlen_attn."""
+    choice = ("varlen" if on_gpu else "sdpa") if setting == "auto" else setting
+    if choice == "varlen" and on_gpu and _varlen_attn() is None:
+        raise UsageError(
+            f"train.attention=varlen needs torch.nn.attention.varlen (PyTorch >= 2.10; this is "
+            f"{torch.__version__}): upgrade torch or set train.attention=sdpa"
+        )
+    return choice
+
+
+def use_varlen_attention(model: Any) -> None:
+    """Switch a transformers model to the `gpuval_varlen` attention (registered once per process)."""
+    _register_varlen()
+    model.set_attn_implementation(VARLEN)
+
+
+@functools.cache
+def _register_varlen() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    global _VARLEN_CAUSAL, _VARLEN_GQA
+    if _varlen_attn() is not None:
+        parameters = inspect.signature(_varlen_attn()).parameters
+        # PyTorch 2.11 and later: window_size=(-1, 0) is causal; earlier ones take is_causal.
+        _VARLEN_CAUSAL = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
+        _VARLEN_GQA = "enable_gqa" in parameters
+    AttentionInterface.register(VARLEN, varlen_attention)
+    AttentionMaskInterface.register(VARLEN, _no_mask)
+
+
+# Set once by _register_varlen (plain globals, so that torch.compile traces varlen_attention without breaks).
+_VARLEN_CAUSAL: dict[str, Any] = {}
+_VARLEN_GQA = False
+
+
+def _no_mask(*_args: Any, **_kwargs: Any) -> None:
+    return None  # documents are separated by cu_seq_lens, not by a mask
+
+
+@functools.cache
+def _varlen_attn() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: query `(1, Hq, T, D)`, key/value `(1, Hkv, T, D)` of one flattened
+    row, documents given by `cu_seq_lens_q` (int32, `[0, s0, s0+s1, ..., T]`) and `max_length_q`; returns
+    `(1, T, Hq, D)`. Causal inside each document, nothing across documents."""
+    if query.shape[0] != 1:
+        raise ValueError("varlen attention takes one flattened row (batch size 1)")
+    if dropout:
+        raise ValueError("varlen attention has no attention dropout")
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None:
+        raise ValueError("varlen attention needs cu_seq_lens_q (train passes packing.varlen_kwargs)")
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if query.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D) views, no copy
+        extra: dict[str, Any] = dict(_VARLEN_CAUSAL)
+        if heads != kv_heads:
+            if _VARLEN_GQA:
+                extra["enable_gqa"] = True
+            else:
+                k = k.repeat_interleave(heads // kv_heads, dim=1)
+                v = v.repeat_interleave(heads // kv_heads, dim=1)
+        longest = int(kwargs["max_length_q"])
+        out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling, **extra)
+        return out.unsqueeze(0), None
+    # CPU: the same result, one SDPA call per document.
+    bounds = cu.tolist()
+    parts = [
+        F.scaled_dot_product_attention(
+            query[:, :, start:end],
+            key[:, :, start:end],
+            value[:, :, start:end],
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=heads != kv_heads,
+        )
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        if end > start
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2), None
+
+
+def flatten_for_varlen(batch: dict[str, torch.Tensor], max_length: int | None = None) -> dict[str, Any]:
+    """A collated micro-batch `(B, S)` as one row `(1, B·S)` plus varlen keyword arguments. The first label of
+    every document is IGNORE_INDEX (packing.Pack.add), so the loss across a row boundary is unchanged.
+    `max_length`: a fixed bound to pass as the longest document instead of the batch's own (the kernel
+    only sizes its grid by it), so that a compiled model sees one value and never recompiles for it."""
+    from gpuval.finetune.packing import varlen_kwargs
+
+    flat = {key: batch[key].reshape(1, -1) for key in ("input_ids", "labels", "position_ids")}
+    extra = varlen_kwargs(batch["position_ids"])
+    if max_length is not None:
+        extra["max_length_q"] = extra["max_length_k"] = max_length
+    return {**flat, **extra}
+
+
+# -- Liger-Kernel ----------------------------------------------------------------------------------------
+
+
+def resolve_kernels(setting: str, on_gpu: bool) -> str:
+    """`liger`, `liger-loss` or `torch` for `train.kernels` (auto: liger on a GPU when installed)."""
+    available = on_gpu and _liger_installed()
+    if setting == "auto":
+        return "liger" if available else "torch"
+    if setting.startswith("liger") and not available:
+        why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install liger-kernel"
+        raise UsageError(f"train.kernels={setting}: Liger-Kernel {why}; set train.kernels=torch")
+    return setting
+
+
+def _liger_installed() -> bool:
+    try:
+        import liger_kernel.transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def apply_liger(model: Any) -> None:
+    """Liger's RMSNorm, SwiGLU and RoPE in a transformers model (by model type, as the HF Trainer applies
+    them); the loss is separate (FusedLoss)."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(
+        model=model,
+        rope=True,
+        rms_norm=True,
+        swiglu=True,
+        cross_entropy=False,
+        fused_linear_cross_entropy=False,
+    )
+
+
+@dataclass
+class LossHead:
+    """Summed next-token cross-entropy of a micro-batch from the model's output.
+
+    Plain: the model returns logits and F.cross_entropy reduces them in float32. Fused: the model's output
+    head is replaced by an identity, so the model returns the final hidden states, and Liger's fused linear
+    cross-entropy applies the head weight chunk by chunk."""
+
+    fused: Any = None  # LigerFusedLinearCrossEntropyLoss, or None
+    weight: torch.Tensor | None = None  # the output head's weight, for the fused loss
+
+    @classmethod
+    def plain(cls) -> LossHead:
+        return cls()
+
+    @classmethod
+    def fuse(cls, causal_lm: torch.nn.Module) -> LossHead:
+        """Take the output head out of `causal_lm` (a transformers CausalLM, unwrapped) for the fused loss."""
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        head = causal_lm.get_output_embeddings()
+        if type(head) is not torch.nn.Linear or head.bias is not None or head.weight.requires_grad:
+            raise UsageError(
+                "train.kernels=liger: the fused loss needs a frozen, bias-free nn.Linear output head; "
+                "set train.kernels=torch"
+            )
+        causal_lm.set_output_embeddings(torch.nn.Identity())
+        loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+        return cls(fused=loss, weight=head.weight)
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """`output`: logits `(B, S, V)`, or hidden states `(B, S, d)` when fused; token t's target is label
+        t+1."""
+        targets = labels[:, 1:].flatten()
+        if self.fused is not None:
+            return self.fused(self.weight, output[:, :-1].flatten(0, 1), targets)
+        return F.cross_entropy(
+            output[:, :-1].flatten(0, 1).float(), targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        )

@@ -1,0 +1,115 @@
+"""finetune/kernels.py on a CPU: the varlen attention path (registered with transformers, documents by
+cu_seq_lens, no mask) computes what the masked SDPA path computes, in the model and in `train`; the
+choice of attention and kernels per device; errors that name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+import torch  # noqa: E402
+from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
+
+from gpuval.errors import UsageError  # noqa: E402
+from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
+from gpuval.finetune.kernels import (  # noqa: E402
+    LossHead,
+    flatten_for_varlen,
+    resolve_attention,
+    resolve_kernels,
+    use_varlen_attention,
+)
+from gpuval.finetune.model import load_model  # noqa: E402
+from gpuval.finetune.packing import Pack, collate  # noqa: E402
+from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
+from gpuval.finetune.train import train  # noqa: E402
+
+
+def _packs(vocab: int) -> list[Pack]:
+    """Two packs of documents of uneven lengths (one row shorter: padding on the right)."""
+    generator = torch.Generator().manual_seed(0)
+    packs = []
+    for lengths in ((37, 5, 60), (50, 21)):
+        pack = Pack()
+        for length in lengths:
+            ids = torch.randint(3, vocab, (length,), generator=generator).tolist()
+            pack.add(ids, ids)
+        packs.append(pack)
+    return packs
+
+
+def test_varlen_attention_equals_the_masked_sdpa_path_in_loss_and_gradients():
+    packs = _packs(3000)
+    results = []
+    for attention in ("sdpa", "varlen"):
+        model = load_model("tiny", torch.float32)
+        if attention == "varlen":
+            use_varlen_attention(model)
+            batch = flatten_for_varlen(collate(packs, 0, 128, with_mask=False))
+            batch.pop("segments", None)
+        else:
+            batch = collate(packs, 0, 128)
+        labels = batch.pop("labels")
+        loss = LossHead.plain()(model(**batch).logits, labels)
+        loss.backward()
+        grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+        results.append((loss.detach(), grad, int((labels[:, 1:] != IGNORE_INDEX).sum())))
+    (loss_sdpa, grad_sdpa, n_sdpa), (loss_varlen, grad_varlen, n_varlen) = results
+    assert n_sdpa == n_varlen  # flattening the rows adds no target across the row boundary
+    torch.testing.assert_close(loss_varlen, loss_sdpa, rtol=1e-5, atol=1e-4)
+    # float32 sums in another order (per-document SDPA vs one masked SDPA): equal to rounding, as a whole
+    relative = float((grad_varlen - grad_sdpa).norm() / grad_sdpa.norm())
+    assert relative < 1e-5, relative
+
+
+def test_varlen_attention_keeps_documents_apart():
+    """Changing one document's tokens changes no other document's logits."""
+    packs = _packs(3000)
+    model = load_model("tiny", torch.float32)
+    use_varlen_attention(model)
+
+    def logits(p: list[Pack]) -> torch.Tensor:
+        batch = flatten_for_varlen(collate(p, 0, 128, with_mask=False))
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], **_cu(batch)).logits
+
+    before = logits(packs)
+    changed = _packs(3000)
+    changed[0].input_ids[37:42] = [7, 8, 9, 10, 11]  # the second document of the first row
+    after = logits(changed)
+    torch.testing.assert_close(after[0, :37], before[0, :37])  # the first document
+    torch.testing.assert_close(after[0, 42:], before[0, 42:])  # the third, and everything after
+    assert not torch.allclose(after[0, 37:42], before[0, 37:42])
+
+
+def _cu(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k.startswith(("cu_seq_lens", "max_length"))}
+
+
+def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_file, tmp_path):  # noqa: F811
+    losses = {}
+    for attention in ("sdpa", "varlen"):
+        cfg = finetune_config_from_dict(
+            config_dict(
+                train_file,
+                tmp_path / attention,
+                max_steps=3,
+                micro_batch_size=2,
+                attention=attention,
+                tensorboard=False,
+            )
+        )
+        summary = train(cfg, runtime, save_adapter=False, quiet=True)
+        assert summary["attention"] == attention and summary["kernels"] == "torch"
+        losses[attention] = [s["loss"] for s in summary["steps"]]
+    assert losses["varlen"] == pytest.approx(losses["sdpa"], rel=1e-4)
+
+
+def test_device_defaults_and_settings_that_cannot_run_here():
+    assert resolve_attention("auto", on_gpu=False) == "sdpa"
+    assert resolve_attention("varlen", on_gpu=False) == "varlen"  # runs per document on a CPU
+    assert resolve_kernels("auto", on_gpu=False) == "torch"
+    assert resolve_kernels("torch", on_gpu=True) == "torch"
+    with pytest.raises(UsageError, match=r"^train.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
+        resolve_kernels("liger", on_gpu=False)
