@@ -43,33 +43,21 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"lora_rank": 64, "lora_alpha": 128.0, "lora_dropout": 0.05}
 # gpuval variants: bench train options on top of mode=fixed and the recipe.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "gpuval": {"micro_batch_size": 1, "grad_accum_steps": 2},  # auto: varlen attention, Liger, no ckpt
-    "gpuval-mb2": {"micro_batch_size": 2, "grad_accum_steps": 1},
-    "gpuval-no-liger": {"micro_batch_size": 1, "grad_accum_steps": 2, "kernels": "torch"},
+    # `gpuval bench train`'s GPU defaults: micro-batch 2, compiled layers, varlen attention, fused loss
+    "gpuval": {},
+    "gpuval-no-compile": {"compile": False},  # kernels auto: all of Liger's
+    "gpuval-mb1": {"micro_batch_size": 1, "grad_accum_steps": 2},
+    "gpuval-packed": {"mode": "packed"},
+    "gpuval-no-liger": {"micro_batch_size": 1, "grad_accum_steps": 2, "compile": False, "kernels": "torch"},
     "gpuval-sdpa-ckpt": {  # gpuval's loop with the seeds' settings: the loop's own cost
-        "micro_batch_size": 2,
-        "grad_accum_steps": 1,
+        "compile": False,
         "kernels": "torch",
         "attention": "sdpa",
         "activation_checkpointing": True,
     },
-    "gpuval-packed": {"micro_batch_size": 1, "grad_accum_steps": 2, "mode": "packed"},
-    # torch.compile of every decoder layer, with Liger's fused loss alone (compile fuses norms and SwiGLU)
-    "gpuval-compile": {
-        "micro_batch_size": 1,
-        "grad_accum_steps": 2,
-        "compile": True,
-        "kernels": "liger-loss",
-    },
-    "gpuval-compile-mb2": {
-        "micro_batch_size": 2,
-        "grad_accum_steps": 1,
-        "compile": True,
-        "kernels": "liger-loss",
-    },
-    "gpuval-compile-liger-mb2": {"micro_batch_size": 2, "grad_accum_steps": 1, "compile": True},
+    "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
 }
-DEFAULT_VARIANTS = ("seeds", *VARIANTS)
+DEFAULT_VARIANTS = ("seeds", "gpuval", "gpuval-no-compile", "gpuval-mb1", "gpuval-packed")
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ Kernels (`train.kernels`)
   shard it); the other kernels work with all three.
 - `liger-loss`: Liger's fused linear + cross-entropy alone (with `train.compile`, which fuses the rest).
 - `torch`: transformers' own modules and `F.cross_entropy` over the full logits.
-- `auto`: liger on a GPU when the package is installed, torch otherwise.
+- `auto`: on a GPU with the package installed, liger (liger-loss with `train.compile`); torch otherwise.
 """
 
 from __future__ import annotations
@@ -64,12 +64,14 @@ def _register_varlen() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    global _VARLEN_CAUSAL, _VARLEN_GQA
+    global _VARLEN_CAUSAL, _VARLEN_GQA, _VARLEN_NATIVE_GQA
     if _varlen_attn() is not None:
         parameters = inspect.signature(_varlen_attn()).parameters
         # PyTorch 2.11 and later: window_size=(-1, 0) is causal; earlier ones take is_causal.
         _VARLEN_CAUSAL = {"window_size": (-1, 0)} if "window_size" in parameters else {"is_causal": True}
         _VARLEN_GQA = "enable_gqa" in parameters
+        if not _VARLEN_GQA and torch.cuda.is_available():
+            _VARLEN_NATIVE_GQA = _native_gqa(torch.device("cuda", torch.cuda.current_device()))
     AttentionInterface.register(VARLEN, varlen_attention)
     AttentionMaskInterface.register(VARLEN, _no_mask)
 
@@ -77,6 +79,7 @@ def _register_varlen() -> None:
 # Set once by _register_varlen (plain globals, so that torch.compile traces varlen_attention without breaks).
 _VARLEN_CAUSAL: dict[str, Any] = {}
 _VARLEN_GQA = False
+_VARLEN_NATIVE_GQA = False
 
 
 def _no_mask(*_args: Any, **_kwargs: Any) -> None:
@@ -121,7 +124,7 @@ def varlen_attention(
         if heads != kv_heads:
             if _VARLEN_GQA:
                 extra["enable_gqa"] = True
-            else:
+            elif not _VARLEN_NATIVE_GQA:
                 k = k.repeat_interleave(heads // kv_heads, dim=1)
                 v = v.repeat_interleave(heads // kv_heads, dim=1)
         longest = int(kwargs["max_length_q"])
@@ -144,6 +147,33 @@ def varlen_attention(
     return torch.cat(parts, dim=2).transpose(1, 2), None
 
 
+def _native_gqa(device: torch.device) -> bool:
+    """Whether this PyTorch's varlen_attn, which has no enable_gqa argument (2.11), still takes fewer K/V
+    heads than query heads, as the flash-attention kernel under it does, and gives the answer of repeated
+    K/V heads, forward and backward. Checked once on small tensors; if not, K/V heads are repeated (a copy
+    of K and V per layer)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(96, h, 64, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_()
+        for h in (4, 2, 2)
+    )
+    cu = torch.tensor([0, 40, 96], device=device, dtype=torch.int32)
+    try:
+        native = varlen_attn(q, k, v, cu, cu, 56, 56, **_VARLEN_CAUSAL)
+    except (RuntimeError, ValueError):
+        return False
+    grads = torch.autograd.grad(native.float().square().sum(), (q, k, v))
+    k2, v2 = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    repeated = varlen_attn(q, k2, v2, cu, cu, 56, 56, **_VARLEN_CAUSAL)
+    grads_ref = torch.autograd.grad(repeated.float().square().sum(), (q, k, v))
+    same = torch.allclose(native, repeated, atol=1e-2, rtol=1e-2) and all(
+        torch.allclose(a, b, atol=2e-2, rtol=2e-2) for a, b in zip(grads, grads_ref, strict=True)
+    )
+    return bool(same)
+
+
 def flatten_for_varlen(batch: dict[str, torch.Tensor], max_length: int | None = None) -> dict[str, Any]:
     """A collated micro-batch `(B, S)` as one row `(1, B·S)` plus varlen keyword arguments. The first label of
     every document is IGNORE_INDEX (packing.Pack.add), so the loss across a row boundary is unchanged.
@@ -161,11 +191,12 @@ def flatten_for_varlen(batch: dict[str, torch.Tensor], max_length: int | None = 
 # -- Liger-Kernel ----------------------------------------------------------------------------------------
 
 
-def resolve_kernels(setting: str, on_gpu: bool) -> str:
-    """`liger`, `liger-loss` or `torch` for `train.kernels` (auto: liger on a GPU when installed)."""
+def resolve_kernels(setting: str, on_gpu: bool, compiled: bool = False) -> str:
+    """`liger`, `liger-loss` or `torch` for `train.kernels`. auto: on a GPU with Liger installed, liger, or
+    liger-loss when the layers are compiled (measured faster: benchmarks/NOTES.md); torch otherwise."""
     available = on_gpu and _liger_installed()
     if setting == "auto":
-        return "liger" if available else "torch"
+        return ("liger-loss" if compiled else "liger") if available else "torch"
     if setting.startswith("liger") and not available:
         why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install liger-kernel"
         raise UsageError(f"train.kernels={setting}: Liger-Kernel {why}; set train.kernels=torch")

@@ -102,7 +102,7 @@ def train(
     torch.manual_seed(t.seed)
     random.seed(t.seed)
     attention = resolve_attention(t.attention, runtime.on_gpu)
-    kernels = resolve_kernels(t.kernels, runtime.on_gpu)
+    kernels = resolve_kernels(t.kernels, runtime.on_gpu, t.compile)
     model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
     if kernels == "liger":
