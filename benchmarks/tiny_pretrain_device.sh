@@ -25,7 +25,7 @@ for record in synth_records(200, 99, values="holdout"):
     text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     want = record["chat"][at:].split("<|endoftext|>")[0].strip()
     n += 1
-    ok += text.strip().startswith(want)
+    ok += want in text  # the call, after any text the reply starts with
     if n <= 3:
         print("GEN ", repr(text[:150]), "\nWANT", repr(want[:150]))
 print(f"base, Glaive format, held-out values: {ok}/{n} calls exact")

@@ -1,6 +1,6 @@
 """The bundled tiny model learns the Qwen tool format through LoRA, on the CPU, in about two minutes:
 held-out accuracy rises from the base model's zero (issue 4; the full tiny-cpu run is
-benchmarks/finetune_cpu.sh, its result in benchmarks/results/cpu-finetune-2026-11-22/)."""
+benchmarks/finetune_cpu.sh, its result in benchmarks/results/cpu-finetune-2026-11-22-tokenizer2/)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tmp_
     assert holdout["base"]["calls_made"] == 0 and holdout["base"]["exact_call_accuracy"] == 0.0
     # After 150 LoRA steps the tuned model calls, names the function and fills in values it never saw.
     tuned = holdout["tuned"]
-    assert tuned["call_recall"] >= 0.7  # 0.85 measured (precision 1.0) on the 2-core dev CPU
-    assert tuned["exact_call_accuracy"] >= 0.05, tuned  # 0.15 measured
-    assert tuned["argument_f1"] >= 0.25, tuned  # 0.38 measured
+    assert tuned["call_recall"] >= 0.9  # 1.0 measured on the 2-core dev CPU
+    assert tuned["exact_call_accuracy"] >= 0.35, tuned  # 0.475 measured (19 of 40)
+    assert tuned["argument_f1"] >= 0.5, tuned  # 0.67 measured
     for split in ("eval", "eval_unseen"):
         assert splits[split]["tuned"]["exact_call_accuracy"] > splits[split]["base"]["exact_call_accuracy"]

@@ -4,9 +4,9 @@ Qwen2 config (6 layers, hidden 128), and weights pretrained by the project (~3 M
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
     python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pretrain-steps N]
-The shipped weights: 4,000 steps of 32 x 1024 tokens on one H200 in about five minutes
-(benchmarks/tiny_pretrain_device.sh; log in benchmarks/results/tiny-pretrain-2026-11-22/). On a CPU the
-same run takes hours.
+The shipped weights: 5,000 steps of 32 x 1024 tokens on one H100 in about eight minutes
+(benchmarks/tiny_pretrain_device.sh; log in benchmarks/results/h100x1-2026-11-22/tiny-pretrain/). On a CPU
+the same run takes hours.
 
 What the base model learns, and what it does not: it is pretrained, with the loss on the replies only, on
 synthetic conversations in Glaive's own text format (`USER:` / `ASSISTANT: <functioncall> {...}`) and on
@@ -46,12 +46,16 @@ VOCAB_SIZE = 3000
 CORPUS_RECORDS = 3000
 CORPUS_SEED = 20261122
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)  # skipped by decode(skip_special_tokens=True)
-# Qwen2's pre-tokenizer split (tokenizer.json of Qwen/Qwen2-7B-Instruct): digits one by one, so numbers
-# never seen in training still tokenize the way seen ones do.
-QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-    r"|\s+(?!\S)|\s+"
-)
+# Qwen2's pre-tokenizer split (tokenizer.json of Qwen/Qwen2-7B-Instruct) with two changes, so that a
+# 3,000-token vocabulary behaves for copying and for a new output format as Qwen2's 151k one does:
+# - a word never takes the character before it (Qwen2: `[^\r\n\p{L}\p{N}]?\p{L}+`, so " Hanoi" and
+#   "Hanoi" are different tokens). Here a value tokenizes the same in the request ("to Hanoi") and in the
+#   call's JSON ("city": "Hanoi"): copying it is an identity a tiny model can learn for unseen values;
+# - punctuation is one character per token (an optional space before it), never a run: Qwen2 learned runs
+#   like `"}}\n` in pretraining, but the tiny base never sees the Qwen tool format, so a run that occurs
+#   only there (the end of every call) would be a token whose embedding it never trained.
+# Digits one by one, as Qwen2: numbers never seen in training tokenize the way seen ones do.
+TINY_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]|\s*[\r\n]+|\s+(?!\S)|\s+"
 TINY_CONFIG = {  # Qwen2 shape, scaled down: 6 layers, 4 heads of 32 and 2 KV heads (GQA as Qwen2-7B's 28/4)
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
@@ -109,7 +113,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(TINY_SPLIT), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -130,7 +134,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
 
 PRETRAIN_RECORDS = 40000
 PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
-PRETRAIN_STEPS = 4000
+PRETRAIN_STEPS = 5000
 PRETRAIN_SEQ = 1024
 PRETRAIN_BATCH = 32
 PRETRAIN_LR = 3e-3
