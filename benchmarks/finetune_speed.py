@@ -266,12 +266,15 @@ def _versions() -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
+    """GPUVAL_COMMIT when set (a device machine's copy of the tree can hold a stale .git), else HEAD."""
+    if os.environ.get("GPUVAL_COMMIT"):
+        return os.environ["GPUVAL_COMMIT"]
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GPUVAL_COMMIT")
+        return None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ rank), builds a fine-tune config from its options and calls `gpuval.finetune.tra
 `warmup_steps` are not counted. Every step is timed with
 CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
 
+On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 2, varlen
+attention, Liger's fused linear + cross-entropy, compiled decoder layers, no activation checkpointing;
+`--set compile=false`, `kernels=torch`, `attention=sdpa`, `activation_checkpointing=true` take them away.
+
 - `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
 - `mode: fixed`: every sequence is one conversation of exactly `seq_len` tokens (long conversations cut),
   S_eff = seq_len — the shape the published anchors use.
