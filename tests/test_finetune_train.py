@@ -177,3 +177,20 @@ def test_unknown_config_key_is_a_usage_error_naming_it(train_file, tmp_path):
         load_finetune_config(bad)
     with pytest.raises(UsageError, match=r"unknown key 'lora\.ranks'"):
         load_finetune_config(good, ["lora.ranks=4"])
+
+
+def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
+    runtime, train_file, tmp_path, monkeypatch
+):
+    import gpuval.finetune.train as train_module
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the model was loaded before the DeepSpeed config was checked")
+
+    monkeypatch.setattr(train_module, "load_model", no_load)
+    missing = tmp_path / "zero3.json"
+    cfg = finetune_config_from_dict(
+        config_dict(train_file, tmp_path / "out", parallel="deepspeed", deepspeed_config=str(missing))
+    )
+    with pytest.raises(UsageError, match=r"^deepspeed config '.*zero3\.json': cannot read it"):
+        train(cfg, runtime, save_adapter=False, quiet=True)

@@ -48,7 +48,7 @@ from gpuval.finetune.kernels import (
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
 from gpuval.finetune.optim import lr_factor  # noqa: F401 - part of this module's API
 from gpuval.finetune.packing import collate, pack_with_stats, packs_s_eff
-from gpuval.finetune.parallel import make_parallel
+from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
 from gpuval.finetune.template import IGNORE_INDEX, encode
 from gpuval.runtime import Runtime
 
@@ -101,6 +101,8 @@ def train(
     # -- model: frozen base + LoRA adapters (same init on every rank: seeded here) -----------------------
     torch.manual_seed(t.seed)
     random.seed(t.seed)
+    if t.parallel == "deepspeed":  # a missing or broken JSON is found before minutes of model loading
+        deepspeed_config(cfg, world, dtype, runtime.on_gpu)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     kernels = resolve_kernels(t.kernels, runtime.on_gpu, t.compile)
     model = load_model(cfg.model, dtype, device=device)
@@ -129,7 +131,7 @@ def train(
     fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if t.compile:  # per decoder layer, before FSDP wraps them (as torchtitan does)
-        for layer in model.get_base_model().get_decoder().layers:
+        for layer in decoder_layers(model):
             layer.compile()
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parallel = make_parallel(t.parallel, model, cfg, runtime, dtype)
