@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Slurm node health check with gpuval: use as HealthCheckProgram (slurm.conf) or as a Prolog.
+#
+#   HealthCheckProgram=/opt/gpuval/deploy/slurm/healthcheck.sh   HealthCheckInterval=300
+#   Prolog=/opt/gpuval/deploy/slurm/healthcheck.sh               (runs before every job on each node)
+#
+# Runs `gpuval health` on this node. FAIL (exit 1): drains the node with
+# `scontrol update NodeName=<node> State=DRAIN Reason="gpuval: <check> ..."` and exits 1 (a Prolog that
+# fails keeps the job off the node; HealthCheckProgram's exit code is ignored, hence the explicit drain).
+# PASS: exit 0. ERROR or a usage error (exit 3 or 2: the checker itself is broken, e.g. a bad profile or no
+# Python): the node is left alone and the script exits 0 — a broken checker must not drain a good node.
+# Environment: GPUVAL_PYTHON (default python3), GPUVAL_HEALTH_ARGS (e.g. "--profile h100-sxm"),
+# GPUVAL_HEALTH_LOG (a folder to keep health's result.json and output in; default: a temporary one).
+set -uo pipefail
+node=${SLURMD_NODENAME:-$(hostname -s)}
+python=${GPUVAL_PYTHON:-python3}
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpuval-health.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+keep=${GPUVAL_HEALTH_LOG:-}
+# shellcheck disable=SC2086  # GPUVAL_HEALTH_ARGS is a list of arguments
+"$python" -m gpuval health ${GPUVAL_HEALTH_ARGS:-} --output "$work/health" >"$work/output.txt" 2>&1
+rc=$?
+# Exit 1 without a result (python3 without gpuval: "No module named gpuval") is a broken checker, not FAIL.
+[ "$rc" -eq 1 ] && [ ! -s "$work/health/result.json" ] && rc=3
+[ -n "$keep" ] && mkdir -p "$keep" && cp -r "$work"/. "$keep"/ 2>/dev/null
+case $rc in
+0) exit 0 ;;
+1)
+  # The failed checks, as "name (scope)", joined: the reason `sinfo -R` shows (Slurm keeps it short).
+  reason=$("$python" - "$work/health/result.json" <<'PY'
+import json, sys
+checks = json.load(open(sys.argv[1], encoding="utf-8"))["checks"]
+failed = [f"{c['name']} ({c['scope']})" for c in checks if c["status"] == "FAIL"]
+print(", ".join(failed)[:200] or "health FAIL")
+PY
+  ) || reason="health FAIL"
+  scontrol update NodeName="$node" State=DRAIN Reason="gpuval: $reason"
+  echo "gpuval healthcheck: $node drained: $reason" >&2
+  exit 1
+  ;;
+*)
+  echo "gpuval healthcheck: gpuval health could not check $node (exit $rc); node left as it is:" >&2
+  tail -n 3 "$work/output.txt" >&2
+  exit 0
+  ;;
+esac

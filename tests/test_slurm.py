@@ -1,0 +1,179 @@
+"""deploy/slurm/ against a real Slurm: a 2-node cluster on this host (deploy/slurm/local-cluster.sh, Debian's
+slurmctld/slurmd/munge), the project's own sbatch scripts submitted with `sbatch --wait`.
+
+Needs root and the Slurm packages; skipped without them, except where GPUVAL_REQUIRE_SLURM=1 (.ci/run sets
+it after installing them), so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM = REPO / "deploy" / "slurm"
+CLUSTER = SLURM / "local-cluster.sh"
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (munged runs as the munge user)"
+    for tool in ("slurmctld", "slurmd", "sbatch", "munged"):
+        if not (shutil.which(tool) or Path("/usr/sbin", tool).exists()):
+            return f"{tool} is not installed (apt-get install slurmctld slurmd slurm-client munge)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory):
+    why = _missing()
+    if why:
+        if os.environ.get("GPUVAL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"GPUVAL_REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+    folder = tmp_path_factory.mktemp("slurm")
+    port = str(30000 + os.getpid() % 20000)  # a cluster of its own, beside any other on this host
+    env = {**os.environ, "SLURMCTLD_PORT": port, "PATH": os.environ["PATH"] + ":/usr/sbin"}
+    started = subprocess.run(
+        [str(CLUSTER), "start", str(folder)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    env["SLURM_CONF"] = str(folder / "slurm.conf")
+    env["GPUVAL_PYTHON"] = sys.executable
+    env["OMP_NUM_THREADS"] = "1"  # both "nodes" share this host's cores: one thread per rank
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    yield env
+    subprocess.run([str(CLUSTER), "stop", str(folder)], env=env, capture_output=True, timeout=60)
+
+
+def _run(command: list[str], env: dict, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _job_output(cwd: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted(cwd.glob("*.out")))
+
+
+def test_accept_on_two_nodes_passes_with_both_nodes_in_the_result(slurm, tmp_path):
+    out = tmp_path / "results"
+    env = {**slurm, "GPUVAL_OUTPUT": str(out)}
+    job = _run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", str(SLURM / "accept.sbatch"), "--quick"],
+        env,
+        tmp_path,
+    )
+    log = _job_output(tmp_path)
+    assert job.returncode == 0, job.stderr + log  # the job's exit code is the verdict
+    result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    assert result["verdict"] == "PASS"
+    assert result["world"] == {"size": 2, "nodes": 2, "backend": "gloo"}
+    assert [n["node"] for n in result["inventory"]["nodes"]] == ["node1", "node2"]
+    assert result["inventory"]["launcher"] == "slurm"
+    shared = [c for c in result["checks"] if c["name"] == "fleet.shared_fs"]
+    assert {c["scope"] for c in shared} == {"node:node1", "node:node2"}
+    assert all(c["status"] == "PASS" for c in shared)
+    # the smoke tests ran first: node states, then one line per node from its own task
+    assert "== partition and nodes" in log and "node1: " in log and "node2: " in log
+
+
+def test_a_failing_verdict_is_the_jobs_exit_code(slurm, tmp_path):
+    env = {**slurm, "GPUVAL_OUTPUT": str(tmp_path / "results")}
+    job = _run(
+        [
+            "sbatch",
+            "--wait",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            str(SLURM / "accept.sbatch"),
+            "--quick",
+            "--set",
+            "expect.gpu_count=8",
+        ],
+        env,
+        tmp_path,
+    )
+    assert job.returncode == 1, job.stderr + _job_output(tmp_path)
+    result = json.loads((tmp_path / "results" / "result.json").read_text(encoding="utf-8"))
+    failed = {(c["name"], c["scope"]) for c in result["checks"] if c["status"] == "FAIL"}
+    assert {("expect.gpu_count", "node:node1"), ("expect.gpu_count", "node:node2")} <= failed
+
+
+def test_tiny_finetune_trains_with_ddp_across_two_nodes(slurm, tmp_path):
+    run = tmp_path / "run"
+    job = _run(
+        [
+            "sbatch",
+            "--wait",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            str(SLURM / "finetune.sbatch"),
+            "run",
+            "--config",
+            str(REPO / "configs" / "finetune" / "tiny-cpu.yaml"),
+            "--output",
+            str(run),
+            "--set",
+            "synth.n=120",
+            "--set",
+            "synth.holdout_n=10",
+            "--set",
+            "train.max_steps=4",
+            "--set",
+            "train.save_every_steps=0",
+            "--set",
+            "eval.max_examples=4",
+            "--set",
+            "eval.max_new_tokens=48",
+            "--set",
+            "eval.base_model=false",
+        ],
+        slurm,
+        tmp_path,
+    )
+    assert job.returncode == 0, job.stderr + _job_output(tmp_path)
+    summary = json.loads((run / "train_summary.json").read_text(encoding="utf-8"))
+    assert summary["world_size"] == 2 and summary["final_step"] == 4
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert (run / "eval.json").is_file()
+
+
+def _node(env: dict, name: str) -> str:
+    return _run(["scontrol", "show", "node", name], env, Path.cwd(), timeout=30).stdout
+
+
+def test_health_fail_drains_the_node_with_the_gpuval_reason_and_error_leaves_it(slurm, tmp_path):
+    check = str(SLURM / "healthcheck.sh")
+    try:
+        fail = {**slurm, "GPUVAL_HEALTH_ARGS": "--set expect.gpu_count=8"}
+        proc = _run(["srun", "-w", "node1", "-N1", "-n1", check], fail, tmp_path, timeout=180)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        node1 = _node(slurm, "node1")
+        assert "DRAIN" in node1 and "Reason=gpuval: expect.gpu_count (node:node1)" in node1, node1
+
+        broken = {**slurm, "GPUVAL_HEALTH_ARGS": f"--profile {tmp_path / 'missing.yaml'}"}
+        proc = _run(["srun", "-w", "node2", "-N1", "-n1", check], broken, tmp_path, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "could not check node2 (exit 2)" in proc.stderr
+        node2 = _node(slurm, "node2")
+        assert "DRAIN" not in node2 and "Reason=" not in node2, node2
+    finally:
+        for name in ("node1", "node2"):
+            _run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], slurm, tmp_path, timeout=30)
+
+
+def test_a_checker_that_cannot_start_never_drains(slurm, tmp_path):
+    """`python3 -m gpuval` without gpuval installed exits 1, like a FAIL: without a result it is an ERROR."""
+    env = {**slurm, "GPUVAL_PYTHON": "/usr/bin/false"}
+    try:
+        proc = _run(["srun", "-w", "node1", "-N1", "-n1", str(SLURM / "healthcheck.sh")], env, tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "could not check node1 (exit 3)" in proc.stderr
+        assert "DRAIN" not in _node(slurm, "node1")
+    finally:
+        _run(["scontrol", "update", "NodeName=node1", "State=RESUME"], slurm, tmp_path, timeout=30)
