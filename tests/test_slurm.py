@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM = REPO / "deploy" / "slurm"
@@ -39,7 +40,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip(why)
     folder = tmp_path_factory.mktemp("slurm")
     port = str(30000 + os.getpid() % 20000)  # a cluster of its own, beside any other on this host
-    env = {**os.environ, "SLURMCTLD_PORT": port, "PATH": os.environ["PATH"] + ":/usr/sbin"}
+    # No launcher variables from this process (an earlier test's RANK/WORLD_SIZE would make every task a
+    # world of one): the jobs' ranks come from Slurm alone.
+    env = cli_env(SLURMCTLD_PORT=port, PATH=os.environ["PATH"] + ":/usr/sbin")
     started = subprocess.run(
         [str(CLUSTER), "start", str(folder)], env=env, capture_output=True, text=True, timeout=120
     )
@@ -47,7 +50,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     env["SLURM_CONF"] = str(folder / "slurm.conf")
     env["GPUVAL_PYTHON"] = sys.executable
     env["OMP_NUM_THREADS"] = "1"  # both "nodes" share this host's cores: one thread per rank
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     yield env
     subprocess.run([str(CLUSTER), "stop", str(folder)], env=env, capture_output=True, timeout=60)
 
