@@ -349,3 +349,24 @@ def test_device_scope_uses_the_nodes_gpu_numbering(monkeypatch, device, visible,
         timeout_s=60,
     )
     assert runtime.device_scope == expected
+
+
+@pytest.mark.parametrize("had_peers, expected_atexit", [(False, "atexit ran"), (True, "")])
+def test_leave_process_keeps_the_output_and_the_exit_code(had_peers, expected_atexit):
+    """A rank that had peers skips interpreter finalization (runtime.Runtime.shutdown says why) but must
+    still deliver what it printed and its exit code; a lone process exits the ordinary way."""
+    script = (
+        "import atexit, sys\n"
+        "from gpuval import runtime\n"
+        f"runtime._HAD_PEERS = {had_peers}\n"
+        "atexit.register(lambda: print('atexit ran', file=sys.stderr))\n"
+        "print('verdict line', end='')\n"  # a pipe is block-buffered: lost unless flushed
+        "sys.stderr.write('err line')\n"
+        "runtime.leave_process(3)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout == "verdict line"
+    assert (
+        proc.stderr.startswith("err line") and proc.stderr.removeprefix("err line").strip() == expected_atexit
+    )

@@ -104,6 +104,7 @@ def run_accept(
             f"not run: collectives would cross node(s) that failed health ({listed})",
         )
         plan = {name: options for name, options in plan.items() if name != "collectives"}
+        progress("collectives", "skipped: a node failed health")
     outcome = run_benchmarks(runtime, plan, quick, progress)
     outcome.not_run.update(not_run)
     if not runtime.is_main:

@@ -556,11 +556,21 @@ def _finetune(
 
 def main() -> None:
     """Entry point: usage errors exit 2 (typer), our own errors print one line with their exit code."""
+    from gpuval.runtime import leave_process
+
+    code = 0
     try:
         app(prog_name="gpuval")
     except GpuvalError as exc:
         err_console.print(f"gpuval: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except KeyboardInterrupt:
         err_console.print("gpuval: interrupted")
-        sys.exit(130)
+        code = 130
+    except SystemExit as exc:  # typer ends every command this way
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            err_console.print(str(exc.code), markup=False, highlight=False)
+            code = 1
+    leave_process(code)
