@@ -640,14 +640,14 @@ def test_smoke_runs_on_the_cuda_device_of_each_nvml_gpu(h200, empty_root, monkey
 
     def fake_smoke(device):
         ran.append(device.index)
-        if device.index == 0:  # CUDA device 0 is NVML's GPU 1
+        if device.index == 0:  # CUDA device 0 is NVML's GPU 1: its FAIL must name gpu:n1/1
             return False, "3 of 262144 elements differ from the CPU result (max error 0.5)"
         return True, "matches"
 
     monkeypatch.setattr(smoke, "smoke", fake_smoke)
     monkeypatch.setattr(health_sdc, "device_result", same_fingerprint)
     checks = health(h200, empty_root)
-    assert ran == [1, 0]  # NVML GPU 0 -> CUDA 1, NVML GPU 1 -> CUDA 0
+    assert sorted(ran) == [0, 1]  # every GPU once (at the same time); which is which: below
     assert bad(checks) == [("smoke.matmul", Status.FAIL, "gpu:n1/1")]
     detail = only(checks, "smoke.matmul", Status.FAIL)[0].detail
     assert "3 of 262144 elements differ" in detail and "dcgmi diag -r 3" in detail
@@ -753,3 +753,56 @@ def test_health_under_torchrun_gathers_every_rank(tmp_path):
     sdc = sorted(c["scope"] for c in document["checks"] if c["name"] == "sdc.bitwise")
     assert [s.rsplit("/", 1)[1] for s in sdc] == ["0", "1"]  # one fingerprint per rank, compared at rank 0
     assert document["verdict"] == "PASS"
+
+
+# --- what runs at the same time ------------------------------------------------------------------------
+
+
+def test_a_waiting_family_runs_beside_the_others_and_the_checks_keep_their_order(monkeypatch):
+    """The XID event window waits; the families after it must not wait for it. Here the waiting family
+    passes only if a later family runs while it waits (run one after another, it would time out)."""
+    import threading
+
+    from gpuval.health import registry
+    from gpuval.results import Check
+
+    started = threading.Event()
+
+    def waiter(ctx):
+        ok = started.wait(timeout=20)
+        return [Check(name="wait.window", status=Status.PASS if ok else Status.FAIL)]
+
+    def worker(ctx):
+        started.set()
+        return [Check(name="work.done", status=Status.PASS)]
+
+    families = {
+        "first": registry.HealthCheck("first", "", lambda ctx: [Check(name="first.a", status=Status.PASS)]),
+        "wait": registry.HealthCheck("wait", "", waiter, waits=True),
+        "work": registry.HealthCheck("work", "", worker),
+    }
+    monkeypatch.setattr(registry, "all_checks", lambda: families)
+    checks = registry.run_health(SimpleNamespace(node="n1"))
+    assert [(c.name, c.status) for c in checks] == [
+        ("first.a", Status.PASS),
+        ("wait.window", Status.PASS),
+        ("work.done", Status.PASS),
+    ]
+
+
+def test_each_gpu_computes_at_the_same_time_and_keeps_its_own_outcome():
+    """Two GPUs' work meets at a barrier (run one after another, the barrier breaks); outcomes and
+    exceptions come back in target order, each with its GPU's scope."""
+    import threading
+
+    meet = threading.Barrier(2, timeout=20)
+
+    def work(scope, device):
+        meet.wait()
+        if device == "cuda:1":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return f"{scope} fine"
+
+    outcomes = smoke.on_each_gpu([("gpu:n1/0", "cuda:0"), ("gpu:n1/1", "cuda:1")], work)
+    assert outcomes[0] == ("gpu:n1/0", "gpu:n1/0 fine")
+    assert outcomes[1][0] == "gpu:n1/1" and isinstance(outcomes[1][1], RuntimeError)

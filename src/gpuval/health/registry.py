@@ -36,6 +36,7 @@ class HealthCheck:
     name: str
     summary: str
     run: Callable[[HealthContext], list[Check]]
+    waits: bool = False  # spends its time waiting (an event window), not computing: runs beside the rest
 
 
 _REGISTRY: dict[str, HealthCheck] = {}
@@ -62,22 +63,31 @@ def all_checks() -> dict[str, HealthCheck]:
     return dict(_REGISTRY)
 
 
-def run_health(ctx: HealthContext, only: set[str] | None = None) -> list[Check]:
-    """Every registered family (or those in `only`) on this node; a crash in one is that family's ERROR."""
-    checks: list[Check] = []
-    for name, family in all_checks().items():
-        if only is not None and name not in only:
-            continue
-        try:
-            checks.extend(family.run(ctx))
-        except Exception as exc:  # noqa: BLE001 - a broken checker is an ERROR of the run
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            checks.append(
-                Check(
-                    name=f"{name}.run",
-                    status=Status.ERROR,
-                    scope=f"node:{ctx.node}",
-                    detail=f"the {name} check crashed: {type(exc).__name__}: {first}",
-                )
+def _run_family(ctx: HealthContext, family: HealthCheck) -> list[Check]:
+    """One family's checks; a crash in it is that family's ERROR, never the end of the run."""
+    try:
+        return family.run(ctx)
+    except Exception as exc:  # noqa: BLE001 - a broken checker is an ERROR of the run
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return [
+            Check(
+                name=f"{family.name}.run",
+                status=Status.ERROR,
+                scope=f"node:{ctx.node}",
+                detail=f"the {family.name} check crashed: {type(exc).__name__}: {first}",
             )
-    return checks
+        ]
+
+
+def run_health(ctx: HealthContext, only: set[str] | None = None) -> list[Check]:
+    """Every registered family (or those in `only`) on this node, checks in registration order. Families
+    that wait (the XID event window) run in a thread beside the others, so their wait costs no time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = [f for name, f in all_checks().items() if only is None or name in only]
+    waiting = [f for f in chosen if f.waits]
+    with ThreadPoolExecutor(max_workers=max(1, len(waiting))) as pool:
+        pending = {f.name: pool.submit(_run_family, ctx, f) for f in waiting}
+        done = {f.name: _run_family(ctx, f) for f in chosen if not f.waits}
+        done.update({name: future.result() for name, future in pending.items()})
+    return [check for f in chosen for check in done[f.name]]

@@ -4,7 +4,7 @@ every GPU of a model, and twice on each (gpuval.sdc). Across nodes, `gpuval acce
 from __future__ import annotations
 
 from gpuval.health.registry import HealthCheck, HealthContext, register
-from gpuval.health.smoke import cuda_targets
+from gpuval.health.smoke import cuda_targets, on_each_gpu
 from gpuval.results import Check, Status
 from gpuval.sdc import device_result, judge
 
@@ -12,10 +12,11 @@ from gpuval.sdc import device_result, judge
 def run(ctx: HealthContext) -> list[Check]:
     targets, checks = cuda_targets(ctx, "sdc.bitwise")
     results = []
-    for scope, device in targets:
-        try:
-            results.append(device_result(device, scope))
-        except Exception as exc:  # noqa: BLE001 - a device that cannot compute is judged by smoke.matmul
+    for scope, outcome in on_each_gpu(targets, lambda scope, device: device_result(device, scope)):
+        if not isinstance(outcome, Exception):
+            results.append(outcome)
+        else:  # a device that cannot compute is judged by smoke.matmul
+            exc = outcome
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             checks.append(
                 Check(

@@ -12,6 +12,7 @@ CUDA_DEVICE_ORDER=PCI_BUS_ID, and CUDA_VISIBLE_DEVICES may hide some), so the sc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from gpuval.health._common import bus_key, gpu_scope, node_scope, reachable, skip, why_no_gpus
@@ -120,17 +121,34 @@ def cuda_targets(ctx: HealthContext, name: str) -> tuple[list[tuple[str, Any]], 
     return targets, checks
 
 
+def on_each_gpu(targets: list[tuple[str, Any]], work: Callable[[str, Any], Any]) -> list[tuple[str, Any]]:
+    """[(scope, work(scope, device) or the exception it raised)] in target order, every GPU at once (a thread
+    each: torch leaves the GIL while CUDA works). One after another, a node's health time would grow with
+    its GPU count: CUDA context start-up and the computation, eight times on an HGX node."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def attempt(target: tuple[str, Any]) -> Any:
+        try:
+            return work(*target)
+        except Exception as exc:  # noqa: BLE001 - the caller judges what this GPU raised
+            return exc
+
+    if not targets:
+        return []
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        outcomes = list(pool.map(attempt, targets))
+    return [(scope, outcome) for (scope, _), outcome in zip(targets, outcomes, strict=True)]
+
+
 def run(ctx: HealthContext) -> list[Check]:
     targets, checks = cuda_targets(ctx, "smoke.matmul")
     if not targets:
         return checks
     import torch
 
-    for scope, device in targets:
-        try:
-            passed, detail = smoke(device)
-        except torch.cuda.OutOfMemoryError as exc:
-            first = str(exc).splitlines()[0]
+    for scope, outcome in on_each_gpu(targets, lambda _, device: smoke(device)):
+        if isinstance(outcome, torch.cuda.OutOfMemoryError):
+            first = str(outcome).splitlines()[0]
             checks.append(
                 Check(
                     name="smoke.matmul",
@@ -141,10 +159,11 @@ def run(ctx: HealthContext) -> list[Check]:
                 )
             )
             continue
-        except Exception as exc:  # noqa: BLE001 - a CUDA error on a device is a fault of that GPU
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(outcome, Exception):  # a CUDA error on a device is a fault of that GPU
+            first = str(outcome).strip().splitlines()[0] if str(outcome).strip() else type(outcome).__name__
             passed, detail = False, f"CUDA failed on this GPU ({first}): {_ACTION}"
         else:
+            passed, detail = outcome
             detail = detail if passed else f"{detail}: the GPU computes wrong results; {_ACTION}"
         checks.append(
             Check(

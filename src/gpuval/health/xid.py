@@ -312,4 +312,6 @@ def run(ctx: HealthContext) -> list[Check]:
     return events + _kernel_log(ctx)
 
 
-register(HealthCheck(name="xid", summary="XID events: NVML event wait and the kernel log", run=run))
+register(
+    HealthCheck(name="xid", summary="XID events: NVML event wait and the kernel log", run=run, waits=True)
+)
