@@ -386,6 +386,11 @@ def test_inventory_of_the_recorded_h100(tmp_path):
     [
         ("h200x2", {"GPU0": {"GPU0": "X", "GPU1": "NV18"}, "GPU1": {"GPU0": "NV18", "GPU1": "X"}}, "0-31"),
         ("h100x1", {"GPU0": {"GPU0": "X"}}, "0-15"),
+        (
+            "h200x4",
+            {f"GPU{i}": {f"GPU{j}": "X" if i == j else "NV18" for j in range(4)} for i in range(4)},
+            "0-63",
+        ),
     ],
 )
 def test_topology_equals_the_recorded_nvidia_smi_topo(stem, links, cpus, tmp_path):

@@ -62,6 +62,7 @@ class Machine:
 @pytest.fixture(
     params=[
         ("h200x2", "h200-sxm", Status.PASS, ()),  # 18 NVLinks per GPU through NVSwitch
+        ("h200x4", "h200-sxm", Status.PASS, ()),
         # one SXM GPU passed through alone: NVML gives no NVLink, so it is judged as not expecting any
         ("h100x1", "h100-sxm", Status.SKIP, ("expect.nvlinks_per_gpu=null",)),
     ],

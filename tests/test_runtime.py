@@ -370,3 +370,29 @@ def test_leave_process_keeps_the_output_and_the_exit_code(had_peers, expected_at
     assert (
         proc.stderr.startswith("err line") and proc.stderr.removeprefix("err line").strip() == expected_atexit
     )
+
+
+def test_local_turns_let_one_rank_per_node_work_at_a_time(tmp_path):
+    """Host<->device copies take turns per node (runtime.local_turns): within a node the working spans
+    never overlap; the two nodes' ranks of the same turn work at the same time."""
+    import json
+
+    out = tmp_path / "turns.json"
+    worker = Path(__file__).parent / "dist" / "turns_worker.py"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc_per_node=4", str(worker), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spans = {(node, local): spans for node, local, spans in json.loads(out.read_text())}
+    assert all(len(s) == 1 for s in spans.values())  # one turn each
+    (a0,), (a1,), (b0,), (b1,) = spans[0, 0], spans[0, 1], spans[1, 0], spans[1, 1]
+    for first, second in ((a0, a1), (b0, b1)):  # a node's ranks: local rank 0 first, no overlap
+        assert first[1] <= second[0]
+    for one, other in ((a0, b0), (a1, b1)):  # one turn across nodes: overlapping spans
+        assert one[0] < other[1] and other[0] < one[1]

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -83,6 +84,16 @@ class Runtime:
         if self._host_group is None:
             self._host_group = dist.new_group(backend="gloo")
         dist.barrier(group=self._host_group)
+
+    def local_turns(self) -> Iterator[bool]:
+        """For work that must not share what a node's GPUs share (host memory, the CPU's PCIe root):
+        yields once per local rank, True on this rank's turn, with a host barrier between turns. One
+        rank per node works at a time; nodes work at the same time. Every rank must iterate it all."""
+        turns = max(self.all_gather_object(self.local_world_size))
+        for turn in range(turns):
+            self.host_barrier()
+            yield turn == self.local_rank
+        self.host_barrier()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         import torch.distributed as dist
