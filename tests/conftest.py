@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+DIST = Path(__file__).parent / "dist"  # workers the tests start under torchrun
 LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
 LAUNCHER_VARIABLES = {
     "RANK",
@@ -46,6 +47,21 @@ def cli_env(**extra: str) -> dict[str, str]:
     env.update({"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "80", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
+
+
+def run_dist_worker(worker: str, *args: str, nproc: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """tests/dist/WORKER with ARGS under `torchrun --standalone` as NPROC gloo ranks; asserts exit 0."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", f"--nproc_per_node={nproc}", str(DIST / worker), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(OMP_NUM_THREADS="1"),
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
 
 
 @pytest.fixture

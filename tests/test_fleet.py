@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import run_dist_worker
 
 from gpuval.fleet import heterogeneity_checks
 from gpuval.results import Status
@@ -80,23 +79,9 @@ def test_shared_directory_token_seen_by_every_node(tmp_path, odd_mount):
     shared.mkdir()
     odd.mkdir()
     out = tmp_path / "fleet.json"
-    proc = subprocess.run(
-        [
-            str(TORCHRUN),
-            "--standalone",
-            "--nproc_per_node=4",
-            str(WORKER),
-            str(shared),
-            str(odd) if odd_mount else "-",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
+    run_dist_worker(
+        "fleet_worker.py", str(shared), str(odd) if odd_mount else "-", str(out), nproc=4, cwd=tmp_path
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     checks = {c["scope"]: c for c in json.loads(out.read_text())}
     assert set(checks) == {"node:node-a", "node:node-b"}  # one check per node, from its first rank
     assert checks["node:node-a"]["status"] == "PASS"

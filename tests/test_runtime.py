@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import cli_env, run_cli
+from conftest import cli_env, run_cli, run_dist_worker
 
 from gpuval import runtime as rt
 from gpuval.errors import RunError
@@ -378,17 +378,7 @@ def test_local_turns_let_one_rank_per_node_work_at_a_time(tmp_path):
     import json
 
     out = tmp_path / "turns.json"
-    worker = Path(__file__).parent / "dist" / "turns_worker.py"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node=4", str(worker), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dist_worker("turns_worker.py", str(out), nproc=4, cwd=tmp_path)
     spans = {(node, local): spans for node, local, spans in json.loads(out.read_text())}
     assert all(len(s) == 1 for s in spans.values())  # one turn each
     (a0,), (a1,), (b0,), (b1,) = spans[0, 0], spans[0, 1], spans[1, 0], spans[1, 1]

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import run_dist_worker
 
 from gpuval.results import Status
 from gpuval.sdc import judge
@@ -62,15 +61,7 @@ def test_models_are_compared_only_with_their_own_kind():
 @pytest.mark.parametrize(("bad", "expected_fail"), [(-1, set()), (2, {"cpu"})])
 def test_three_real_ranks_find_the_corrupting_one(tmp_path, bad, expected_fail):
     out = tmp_path / "sdc.json"
-    proc = subprocess.run(
-        [str(TORCHRUN), "--standalone", "--nproc_per_node=3", str(WORKER), str(bad), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dist_worker("sdc_worker.py", str(bad), str(out), nproc=3, cwd=tmp_path)
     checks = json.loads(out.read_text())
     assert len(checks) == 3
     failed = [c["scope"] for c in checks if c["status"] == "FAIL"]
