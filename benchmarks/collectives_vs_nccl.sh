@@ -13,10 +13,10 @@ for op in all_reduce all_gather reduce_scatter alltoall broadcast sendrecv; do
   LD_LIBRARY_PATH="$NCCL_DIR/lib:${LD_LIBRARY_PATH:-}" timeout 90 /tmp/nccl_reference "$op" 1048576 4294967296 2 20 5 5 || exit 1
 done > "$OUT/nccl_reference.jsonl"
 python3 -m gpuval bench collectives --output "$OUT/gpuval_graph.json" > /dev/null
-EAGER_FILE=""
+EAGER_FILE=()
 if [ "${EAGER:-1}" = 1 ]; then
   python3 -m gpuval bench collectives --set cuda_graph=false --output "$OUT/gpuval_eager.json" > /dev/null
-  EAGER_FILE="$OUT/gpuval_eager.json"
+  EAGER_FILE=("$OUT/gpuval_eager.json")
 fi
 python3 benchmarks/compare_collectives.py "$OUT/nccl_reference.jsonl" "$OUT/gpuval_graph.json" \
-  $EAGER_FILE --output "$OUT/compare.json"
+  "${EAGER_FILE[@]}" --output "$OUT/compare.json"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the device scripts: installs carried wheels (.whl/, see the device tool's README) into
 # /tmp/site and puts them and gpuval's source on PYTHONPATH; $OUT defaults for runs outside the tool.
 OUT=${OUT:-/tmp/gpuval-out}

@@ -88,3 +88,73 @@ def test_dockerfile_passes_hadolint_and_runs_as_a_non_root_user():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     users = re.findall(r"^USER (\S+)", DOCKERFILE.read_text(encoding="utf-8"), re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
+
+
+# --- NCCL environment profiles and shell scripts -------------------------------------------------------
+
+ENV_PROFILES = sorted((REPO / "deploy" / "env").glob("*.env"))
+SHELL_SCRIPTS = [
+    *sorted((REPO / "deploy" / "slurm").glob("*.sbatch")),
+    *sorted((REPO / "deploy" / "slurm").glob("*.sh")),
+    *sorted((REPO / "benchmarks").glob("*.sh")),
+    REPO / ".ci" / "run",
+    *ENV_PROFILES,
+]
+
+
+def test_shell_scripts_and_env_profiles_pass_bash_n_and_shellcheck():
+    for script in SHELL_SCRIPTS:
+        syntax = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert syntax.returncode == 0, f"{script.name}: {syntax.stderr}"
+    proc = subprocess.run(
+        [_tool("shellcheck"), *map(str, SHELL_SCRIPTS)], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("profile", ENV_PROFILES, ids=lambda p: p.name)
+def test_env_profile_is_data_that_bash_and_kubectl_read_alike_and_names_itself(profile):
+    """KEY=VALUE lines only (what `kubectl create configmap --from-env-file` accepts), every key one that
+    discover records, GPUVAL_ENV_PROFILE = the file's name; bash's `set -a; source` exports the same."""
+    from gpuval.discover.software import communication_env
+
+    pairs = {}
+    for line in profile.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = re.fullmatch(r"([A-Z][A-Z0-9_]*)=(\S*)", line)
+        assert match, f"{profile.name}: not a KEY=VALUE line: {line!r}"
+        pairs[match[1]] = match[2]
+    assert pairs.pop("GPUVAL_ENV_PROFILE") == profile.stem
+    recorded = communication_env({**pairs, "GPUVAL_ENV_PROFILE": profile.stem, "HOME": "/root"})
+    assert recorded == {"profile": profile.stem, "variables": dict(sorted(pairs.items()))}
+    exported = subprocess.run(
+        ["bash", "-c", 'set -a; source "$1"; set +a; env -0', "bash", str(profile)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout
+    env = dict(item.split("=", 1) for item in exported.split("\0") if "=" in item)
+    assert {key: env.get(key) for key in [*pairs, "GPUVAL_ENV_PROFILE"]} == {
+        **pairs,
+        "GPUVAL_ENV_PROFILE": profile.stem,
+    }
+
+
+@pytest.mark.parametrize("script", ["accept.sbatch", "finetune.sbatch"])
+def test_a_missing_env_profile_stops_the_job_before_any_step(script, tmp_path):
+    """A typo in GPUVAL_ENV must not run the job without its NCCL settings: exit 2, one line that says
+    what to pass. (The script checks it before its first srun, so no Slurm is needed here.)"""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_JOB_ID": "7",
+        "GPUVAL_OUTPUT": str(tmp_path / "out"),
+        "GPUVAL_ENV": str(tmp_path / "hgx-ib.env"),
+    }
+    command = ["bash", str(REPO / "deploy" / "slurm" / script)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpuval: GPUVAL_ENV={tmp_path / 'hgx-ib.env'} is not a readable file: give a path, e.g. "
+        "$PWD/deploy/env/hgx-ib.env"
+    ]

@@ -16,6 +16,9 @@ WORKER = Path(__file__).parent / "dist" / "fleet_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
+HGX_IB = {"profile": "hgx-ib", "variables": {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "mlx5"}}
+
+
 def node(
     name: str,
     driver: str = "580.159.04",
@@ -23,11 +26,13 @@ def node(
     nccl: str = "2.28.9",
     torch: str = "2.11.0",
     model: str = "NVIDIA H200",
+    comm: dict | None = None,
 ) -> dict:
     return {
         "node": name,
         "gpu_count": gpus,
         "gpus": [{"name": model}] * gpus,
+        "communication": comm if comm is not None else HGX_IB,
         "software": {
             "driver_version": driver,
             "cuda_driver_version": "13.0",
@@ -91,3 +96,14 @@ def test_shared_directory_token_seen_by_every_node(tmp_path, odd_mount):
     else:
         assert checks["node:node-b"]["status"] == "PASS"
     assert list(shared.iterdir()) == []  # the token is removed afterwards
+
+
+def test_a_node_without_the_nccl_profile_is_named():
+    bare = {"profile": None, "variables": {}}
+    checks = by_name(heterogeneity_checks([node("a"), node("b", comm=bare), node("c")]))
+    check = checks["fleet.communication_env"]
+    assert check.status is Status.WARN
+    assert "1 of 3 nodes differ from profile hgx-ib: NCCL_IB_DISABLE=0 NCCL_IB_HCA=mlx5" in check.detail
+    assert "(b: profile none: nothing set)" in check.detail and "deploy/env/" in check.detail
+    same = by_name(heterogeneity_checks([node("a"), node("b")]))["fleet.communication_env"]
+    assert same.status is Status.PASS

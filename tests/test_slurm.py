@@ -64,7 +64,8 @@ def _job_output(cwd: Path) -> str:
 
 def test_accept_on_two_nodes_passes_with_both_nodes_in_the_result(slurm, tmp_path):
     out = tmp_path / "results"
-    env = {**slurm, "GPUVAL_OUTPUT": str(out)}
+    socket_env = REPO / "deploy" / "env" / "socket.env"
+    env = {**slurm, "GPUVAL_OUTPUT": str(out), "GPUVAL_ENV": str(socket_env)}
     job = _run(
         ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", str(SLURM / "accept.sbatch"), "--quick"],
         env,
@@ -77,6 +78,12 @@ def test_accept_on_two_nodes_passes_with_both_nodes_in_the_result(slurm, tmp_pat
     assert result["world"] == {"size": 2, "nodes": 2, "backend": "gloo"}
     assert [n["node"] for n in result["inventory"]["nodes"]] == ["node1", "node2"]
     assert result["inventory"]["launcher"] == "slurm"
+    # the NCCL environment profile the script sourced reached every node's tasks, and result.json says so
+    for inventory in result["inventory"]["nodes"]:
+        assert inventory["communication"]["profile"] == "socket"
+        assert inventory["communication"]["variables"]["NCCL_IB_DISABLE"] == "1"
+    [comm] = [c for c in result["checks"] if c["name"] == "fleet.communication_env"]
+    assert comm["status"] == "PASS"
     shared = [c for c in result["checks"] if c["name"] == "fleet.shared_fs"]
     assert {c["scope"] for c in shared} == {"node:node1", "node:node2"}
     assert all(c["status"] == "PASS" for c in shared)

@@ -2,7 +2,7 @@
 
 - heterogeneity: rank 0 compares the nodes' inventories; a driver, NCCL, CUDA or GPU-count mismatch is a
   FAIL naming the odd nodes (a mixed fleet hangs or slows collectives in ways no benchmark explains);
-  a torch mismatch is a WARN.
+  a torch mismatch is a WARN, and so are different NCCL/gloo variables (one node without the profile).
 - shared file system (the seeds' validation playbook): rank 0 writes a token in the shared directory,
   the first rank of every node must read the same token back.
 """
@@ -32,6 +32,14 @@ def _gpu_models(inventory: dict[str, Any]) -> str:
     return ", ".join(f"{count}x {name}" for name, count in sorted(Counter(names).items())) or "no GPU"
 
 
+def _communication(comm: dict[str, Any] | None) -> str | None:
+    """'profile hgx-ib: NCCL_IB_HCA=mlx5 …' for comparing nodes; None where it was not recorded."""
+    if comm is None:
+        return None
+    variables = " ".join(f"{key}={value}" for key, value in comm.get("variables", {}).items())
+    return f"profile {comm.get('profile') or 'none'}: {variables or 'nothing set'}"
+
+
 # (label, how to read it from a node inventory, status when nodes differ, what to do)
 FIELDS: list[tuple[str, Callable[[dict[str, Any]], Any], Status, str]] = [
     ("gpu_count", lambda inv: inv.get("gpu_count"), Status.FAIL, "find the missing GPUs (gpuval health)"),
@@ -56,6 +64,12 @@ FIELDS: list[tuple[str, Callable[[dict[str, Any]], Any], Status, str]] = [
         "use one container image on every node",
     ),
     ("torch", lambda inv: _dig(inv, "software.torch"), Status.WARN, "use one container image on every node"),
+    (
+        "communication_env",
+        lambda inv: _communication(inv.get("communication")),
+        Status.WARN,
+        "set one NCCL environment profile on every node (deploy/env/, GPUVAL_ENV)",
+    ),
 ]
 
 

@@ -16,7 +16,7 @@ from gpuval.discover.gpus import torch_gpus
 from gpuval.discover.host import host_info
 from gpuval.discover.network import infiniband_ports
 from gpuval.discover.scheduler import scheduler_context
-from gpuval.discover.software import software_versions
+from gpuval.discover.software import communication_env, software_versions
 from gpuval.discover.storage import mounts
 from gpuval.discover.topology import gpu_affinity, nvlink_summary, topology_matrix
 from gpuval.nvml import NvmlSnapshot, available, snapshot
@@ -64,6 +64,7 @@ def node_inventory(
         "collected_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": host,
         "software": software_versions(nvml),
+        "communication": communication_env(env),
         "nvml_status": nvml_status,  # ok | no_driver | error
         "nvml_error": nvml.error,
         "gpu_source": gpu_source,

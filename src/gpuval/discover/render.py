@@ -109,9 +109,20 @@ def host_table(inventory: dict[str, Any]) -> Table:
             f"{_na(software.get('driver_version'))} · CUDA {_na(software.get('cuda_driver_version'))}",
         ),
     ]
+    rows.append(("communication", communication_line(inventory)))
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def communication_line(inventory: dict[str, Any]) -> str:
+    """'profile hgx-ib · NCCL_IB_HCA=mlx5 …', or what is missing (inventories older than the field)."""
+    comm = inventory.get("communication")
+    if comm is None:
+        return "not recorded"
+    profile = f"profile {comm['profile']}" if comm.get("profile") else "no gpuval profile"
+    variables = " ".join(f"{key}={value}" for key, value in comm.get("variables", {}).items())
+    return f"{profile} · {variables or 'no NCCL/gloo/torch.distributed variable set'}"
 
 
 def gpu_table(inventory: dict[str, Any]) -> Table:
@@ -298,6 +309,7 @@ def paste_block(inventory: dict[str, Any]) -> str:
         f"cuDNN {_na(software.get('cudnn'))}",
         f"- driver {_na(software.get('driver_version'))} · CUDA driver "
         f"{_na(software.get('cuda_driver_version'))}",
+        f"- communication: {communication_line(inventory)}",
     ]
     problem = driver_line(inventory)
     if problem:

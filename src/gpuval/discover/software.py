@@ -8,6 +8,7 @@ import importlib.util
 import platform
 import runpy
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,19 @@ def software_versions(nvml: NvmlSnapshot | None = None) -> dict[str, Any]:
         "cuda_driver_version": plain(nvml.cuda_driver_version) if nvml else None,
         "nvml_version": plain(nvml.nvml_version) if nvml else None,
     }
+
+
+# Variables that change how NCCL, gloo and torch.distributed move data (or report on it).
+COMMUNICATION_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "NVSHMEM_", "UCX_")
+COMMUNICATION_VARIABLES = ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+
+
+def communication_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The NCCL environment profile this process runs under (GPUVAL_ENV_PROFILE, set by every file in
+    deploy/env/) and every communication variable set, whoever set it: the profile, the image, the user."""
+    variables = {
+        key: value
+        for key, value in sorted(environ.items())
+        if key.startswith(COMMUNICATION_PREFIXES) or key in COMMUNICATION_VARIABLES
+    }
+    return {"profile": environ.get("GPUVAL_ENV_PROFILE") or None, "variables": variables}
