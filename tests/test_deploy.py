@@ -4,6 +4,7 @@ the Dockerfile through hadolint. No cluster and no Docker engine run here (REFER
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -158,3 +159,25 @@ def test_a_missing_env_profile_stops_the_job_before_any_step(script, tmp_path):
         f"gpuval: GPUVAL_ENV={tmp_path / 'hgx-ib.env'} is not a readable file: give a path, e.g. "
         "$PWD/deploy/env/hgx-ib.env"
     ]
+
+
+def test_healthcheck_reads_its_settings_from_a_file_as_slurmd_gives_it_no_environment(tmp_path):
+    """slurmd runs HealthCheckProgram with PATH=/bin:/usr/bin and little else; the python3 there has no
+    gpuval, so without its settings file the check could never run (and never drain). The file supplies
+    them; a variable already in the environment wins; an unknown key is reported."""
+    log = tmp_path / "log"
+    conf = tmp_path / "healthcheck.conf"
+    conf.write_text(
+        f"# gpuval health check settings\nGPUVAL_PYTHON={sys.executable}\nGPUVAL_HEALTH_LOG={log}\nTYPO=1\n"
+    )
+    script = str(REPO / "deploy" / "slurm" / "healthcheck.sh")
+    bare = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "node1", "GPUVAL_HEALTHCHECK_CONF": str(conf)}
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=bare, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{conf}: unknown setting 'TYPO' ignored" in proc.stderr
+    result = json.loads((log / "health" / "result.json").read_text(encoding="utf-8"))
+    assert result["verdict"] == "PASS" and result["profile"] == "cpu"  # gpuval ran, from the file's python
+
+    overridden = {**bare, "GPUVAL_PYTHON": "/usr/bin/false"}
+    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=overridden, timeout=180)
+    assert proc.returncode == 0 and "could not check node1 (exit 3)" in proc.stderr

@@ -9,9 +9,24 @@
 # fails keeps the job off the node; HealthCheckProgram's exit code is ignored, hence the explicit drain).
 # PASS: exit 0. ERROR or a usage error (exit 3 or 2: the checker itself is broken, e.g. a bad profile or no
 # Python): the node is left alone and the script exits 0 — a broken checker must not drain a good node.
-# Environment: GPUVAL_PYTHON (default python3), GPUVAL_HEALTH_ARGS (e.g. "--profile h100-sxm"),
+# Settings: GPUVAL_PYTHON (default python3), GPUVAL_HEALTH_ARGS (e.g. "--profile h100-sxm"),
 # GPUVAL_HEALTH_LOG (a folder to keep health's result.json and output in; default: a temporary one).
+# slurmd starts HealthCheckProgram and Prolog with almost no environment (PATH=/bin:/usr/bin, where
+# python3 has no gpuval): put the settings in /etc/gpuval/healthcheck.conf (KEY=VALUE lines, e.g.
+# GPUVAL_PYTHON=/opt/gpuval/.venv/bin/python) on every node; GPUVAL_HEALTHCHECK_CONF names another file.
+# Variables already set in the environment win over the file.
 set -uo pipefail
+conf=${GPUVAL_HEALTHCHECK_CONF:-/etc/gpuval/healthcheck.conf}
+if [ -r "$conf" ]; then
+  while IFS='=' read -r key value; do
+    case $key in
+    GPUVAL_PYTHON | GPUVAL_HEALTH_ARGS | GPUVAL_HEALTH_LOG)
+      [ -z "${!key:-}" ] && export "$key=$value" ;;
+    '' | \#*) ;;
+    *) echo "gpuval healthcheck: $conf: unknown setting '$key' ignored" >&2 ;;
+    esac
+  done <"$conf"
+fi
 node=${SLURMD_NODENAME:-$(hostname -s)}
 python=${GPUVAL_PYTHON:-python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpuval-health.XXXXXX")
