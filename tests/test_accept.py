@@ -71,9 +71,10 @@ def test_two_rank_accept_passes(two_ranks):
     proc, out = two_ranks
     _no_traceback(proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "result.json"]  # no temp files left
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.html", "result.json"]  # no temp files
     # the console summary is for people and rich wraps it at the terminal width: compare the words
-    assert f"wrote {out / 'result.json'}, {out / 'junit.xml'}" in " ".join(proc.stdout.split())
+    written = f"wrote {out / 'result.json'}, {out / 'junit.xml'}, {out / 'report.html'}"
+    assert written in " ".join(proc.stdout.split())
 
 
 def test_two_rank_result_json(two_ranks):

@@ -145,8 +145,11 @@ def run_accept(
 
 
 def write_reports(result: Result, output_dir: Path) -> list[Path]:
+    """result.json, junit.xml and report.html, in that order: the verdict's record first."""
+    from gpuval.report.html import write_html
     from gpuval.report.junit import write_junit
 
     result.write(output_dir / "result.json")
     write_junit(result, output_dir / "junit.xml")
-    return [output_dir / "result.json", output_dir / "junit.xml"]
+    write_html(result, output_dir / "report.html")
+    return [output_dir / name for name in ("result.json", "junit.xml", "report.html")]

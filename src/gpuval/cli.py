@@ -377,6 +377,28 @@ def profiles() -> int:
 
 @app.command()
 @_exits
+def report(
+    result: Annotated[Path, typer.Argument(help="a result.json written by gpuval accept")],
+    output: Annotated[
+        Path | None, typer.Option(help="HTML file to write (default: report.html beside the result)")
+    ] = None,
+) -> int:
+    """Render a self-contained HTML report (verdict, problems, nodes, plots) from a result.json."""
+    from gpuval.report.html import write_html
+    from gpuval.results import load_result
+
+    loaded = load_result(result)
+    target = output or result.parent / "report.html"
+    try:
+        write_html(loaded, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}: choose another --output") from None
+    console.print(f"wrote {target}")
+    return EXIT_PASS
+
+
+@app.command()
+@_exits
 def schema() -> int:
     """Print the JSON Schema of result.json."""
     from gpuval.results import json_schema

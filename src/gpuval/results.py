@@ -10,6 +10,7 @@ import json
 import math
 from enum import Enum
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,6 +77,27 @@ class Result(_Strict):
 
     def write(self, path) -> None:
         write_text_atomic(path, self.to_json())
+
+
+def load_result(path: Path) -> Result:
+    """A result.json read back; anything else is a one-line UsageError naming the file and the fault."""
+    from pydantic import ValidationError
+
+    from gpuval.errors import UsageError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return Result.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
+        raise UsageError(
+            f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
+            "result.json that gpuval accept wrote"
+        ) from None
 
 
 def verdict(checks: list[Check]) -> Status:

@@ -40,7 +40,7 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
             check.name,
             check.scope,
             value,
-            _bound(check.threshold),
+            format_bound(check.threshold),
             "" if check.status is Status.PASS else check.detail,  # a PASS needs no explanation
         )
     console.print(table)
@@ -53,7 +53,7 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
     )
 
 
-def _bound(threshold: dict) -> str:
+def format_bound(threshold: dict) -> str:
     """{'min': 340, 'bytes': 1073741824} -> '>= 340 @ 1 GiB'."""
     parts = [
         f"{symbol} {threshold[key]:g}"

@@ -1,0 +1,322 @@
+"""report.html: one self-contained page per result (no script, no network: it opens from disk).
+
+Verdict banner, the checks that did not pass first with their hints, what each node is, then plots drawn
+by matplotlib as inline SVG (text stays text, drawn in the browser's sans-serif, and searchable): busbw
+against message size per collective with the profile's threshold, per-GPU matmul and HBM bars against
+their median, the P2P bandwidth matrix, and training throughput with MFU.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from gpuval.atomic import write_text_atomic
+from gpuval.report.console import format_bound
+from gpuval.results import Check, Measurement, Result, Status
+from gpuval.units import format_bytes
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
+_ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
+_COLOURS = {
+    Status.PASS: "#1a7f37",
+    Status.FAIL: "#cf222e",
+    Status.ERROR: "#8250df",
+    Status.WARN: "#9a6700",
+    Status.SKIP: "#6e7781",
+}
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1f2328; }
+main { max-width: 1180px; margin: 0 auto; padding: 0 24px 48px; }
+header.verdict { color: #fff; padding: 20px 24px; }
+header.verdict h1 { margin: 0 0 4px; font-size: 28px; }
+header.verdict p { margin: 0; opacity: .92; }
+header.verdict code { background: rgba(0, 0, 0, .25); color: #fff; }
+h2 { border-bottom: 1px solid #d0d7de; padding-bottom: 4px; margin-top: 32px; }
+table { border-collapse: collapse; width: 100%; margin: 8px 0; }
+th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid #eaeef2; vertical-align: top; }
+th { background: #f6f8fa; }
+td.status { font-weight: 700; white-space: nowrap; }
+td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+figure { margin: 16px 0; }
+figure svg { max-width: 100%; height: auto; }
+figcaption { color: #57606a; }
+code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
+"""
+
+
+def render_html(result: Result) -> str:
+    """The whole page for `result`."""
+    plots = [
+        ("collectives", "Collectives: bus bandwidth by message size", _collectives_plot(result)),
+        ("per-gpu", "Per GPU: matmul and HBM against the median", _per_gpu_plot(result)),
+        ("p2p", "GPU-to-GPU copy bandwidth", _p2p_plot(result)),
+        ("train", "Training throughput", _train_plot(result)),
+    ]
+    drawn = [
+        f'<figure id="plot-{key}"><figcaption>{html.escape(caption)}</figcaption>{svg}</figure>'
+        for key, caption, svg in plots
+        if svg is not None
+    ]
+    parts = [
+        _banner(result),
+        "<main>",
+        _problems(result.checks),
+        _inventory(result),
+        "<h2>Plots</h2>" + ("".join(drawn) or "<p>No measurement to plot in this result.</p>"),
+        _all_checks(result.checks),
+        "</main>",
+    ]
+    title = f"gpuval {result.verdict.value} · {result.profile} · {result.started_at}"
+    return (
+        "<!DOCTYPE html>\n"
+        f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
+
+
+def write_html(result: Result, path: Path) -> Path:
+    write_text_atomic(path, render_html(result))
+    return path
+
+
+# --- text sections ------------------------------------------------------------------------------------
+
+
+def _banner(result: Result) -> str:
+    counts: dict[Status, int] = defaultdict(int)
+    for check in result.checks:
+        counts[check.status] += 1
+    summary = " · ".join(f"{counts[s]} {s.value}" for s in Status if counts[s])
+    world = result.world
+    line = (
+        f"profile {result.profile} · {world.size} ranks on {world.nodes} node(s) · {world.backend} · "
+        f"{result.started_at} · {result.duration_s:.1f} s · gpuval {result.gpuval_version}"
+    )
+    return (
+        f'<header class="verdict" style="background:{_COLOURS[result.verdict]}">'
+        f"<h1>{result.verdict.value}</h1><p>{html.escape(summary)}</p><p>{html.escape(line)}</p>"
+        f"<p><code>{html.escape(' '.join(result.command))}</code></p></header>"
+    )
+
+
+def _check_rows(checks: list[Check], with_detail: bool) -> str:
+    rows = []
+    for check in sorted(checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
+        value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
+        rows.append(
+            f'<tr><td class="status" style="color:{_COLOURS[check.status]}">{check.status.value}</td>'
+            f"<td>{html.escape(check.name)}</td><td>{html.escape(check.scope)}</td>"
+            f'<td class="num">{html.escape(value)}</td><td>{html.escape(format_bound(check.threshold))}</td>'
+            + (f"<td>{html.escape(check.detail)}</td>" if with_detail else "")
+            + "</tr>"
+        )
+    head = "<th>status</th><th>check</th><th>scope</th><th>value</th><th>bound</th>"
+    head += "<th>why / what to do</th>" if with_detail else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _problems(checks: list[Check]) -> str:
+    bad = [c for c in checks if c.status in (Status.FAIL, Status.ERROR, Status.WARN)]
+    if not bad:
+        return '<h2 id="problems">Problems</h2><p>None: every check passed or was skipped.</p>'
+    return f'<h2 id="problems">Problems ({len(bad)})</h2>' + _check_rows(bad, with_detail=True)
+
+
+def _all_checks(checks: list[Check]) -> str:
+    return (
+        f'<h2 id="checks">All checks ({len(checks)})</h2><details><summary>show</summary>'
+        f"{_check_rows(checks, with_detail=True)}</details>"
+    )
+
+
+def _inventory(result: Result) -> str:
+    nodes = result.inventory.get("nodes") or []
+    if not nodes:
+        return '<h2 id="inventory">Nodes</h2><p>No inventory in this result.</p>'
+    rows = []
+    for node in nodes:
+        software = node.get("software") or {}
+        gpus = node.get("gpus") or []
+        names: dict[str, int] = defaultdict(int)
+        for gpu in gpus:
+            names[str(gpu.get("name"))] += 1
+        models = ", ".join(f"{n}× {name}" for name, n in names.items()) or "no GPU"
+        comm = node.get("communication") or {}
+        cells = [
+            node.get("node", "?"),
+            models,
+            software.get("driver_version") or "n/a",
+            software.get("cuda_runtime") or "n/a",
+            software.get("nccl") or "n/a",
+            software.get("torch") or "n/a",
+            comm.get("profile") or "none",
+        ]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{h}</th>" for h in ("node", "GPUs", "driver", "CUDA", "NCCL", "torch", "NCCL env profile")
+    )
+    body = "".join(rows)
+    return f'<h2 id="inventory">Nodes</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# --- plots ---------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _svg(figure: Any) -> str:
+    """The figure as an inline <svg> element (no XML prolog, ids stable from run to run)."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "gpuval", "svg.fonttype": "none"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)  # RDF naming the tool: not needed
+    return text[text.index("<svg") :]
+
+
+def _gpu_label(scope: str) -> str:
+    """'gpu:node1/3' -> 'node1/3'."""
+    return scope.split(":", 1)[-1]
+
+
+def _collectives_plot(result: Result) -> str | None:
+    series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for m in result.measurements:
+        busbw = m.metrics.get("busbw_gbps")
+        if m.name in COLLECTIVES and busbw is not None and m.params.get("bytes"):
+            series[m.name].append((int(m.params["bytes"]), float(busbw)))
+    if not series:
+        return None
+    thresholds = (result.settings.get("profile") or {}).get("checks") or {}
+    figure = _figure(9, 4.8)
+    axes = figure.subplots()
+    for index, (op, points) in enumerate(sorted(series.items())):
+        points.sort()
+        colour = f"C{index}"
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, color=colour, label=op)
+        bound = thresholds.get(f"{op}.busbw_gbps") or {}
+        if isinstance(bound.get("min"), (int, float)):
+            axes.axhline(bound["min"], color=colour, ls="--", lw=0.8)
+            if bound.get("bytes"):
+                axes.plot([bound["bytes"]], [bound["min"]], marker="v", color=colour, ms=8)
+    axes.set_xscale("log", base=2)
+    ticks = sorted({p[0] for points in series.values() for p in points})
+    shown = ticks[:: max(1, len(ticks) // 10)]
+    axes.set_xticks(shown, [format_bytes(t) for t in shown], rotation=30)
+    axes.set_xlabel("message size (per rank)")
+    axes.set_ylabel("busbw (GB/s, nccl-tests' definition)")
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend(title="dashed: profile minimum ▼ at its size", fontsize=8, title_fontsize=8)
+    return _svg(figure)
+
+
+def _per_gpu_plot(result: Result) -> str | None:
+    panels: list[tuple[str, str, str, list[tuple[str, float]]]] = []
+    for name, metric, label in (
+        ("matmul", "bf16_tflops", "matmul bf16 (TFLOP/s)"),
+        ("matmul", "fp8_tflops", "matmul fp8 (TFLOP/s)"),
+        ("membw", "copy_tbps", "HBM copy (TB/s, read + written)"),
+    ):
+        values = [
+            (_gpu_label(m.scope), float(m.metrics[metric]))
+            for m in result.measurements
+            if m.name == name and m.metrics.get(metric) is not None
+        ]
+        if values:
+            panels.append((name, metric, label, values))
+    if not panels:
+        return None
+    thresholds = (result.settings.get("profile") or {}).get("checks") or {}
+    figure = _figure(9, 2.6 * len(panels))
+    axes_list = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
+    for axes, (name, metric, label, values) in zip(axes_list, panels, strict=True):
+        labels = [v[0] for v in values]
+        numbers = [v[1] for v in values]
+        median = statistics.median(numbers)
+        axes.bar(labels, numbers, color="C0")
+        axes.axhline(median, color="k", lw=1, label=f"median {median:.4g}")
+        bound = thresholds.get(f"{name}.{metric}") or {}
+        if isinstance(bound.get("min"), (int, float)):
+            axes.axhline(bound["min"], color="C3", ls="--", lw=1, label=f"profile minimum {bound['min']:g}")
+        low = min(numbers + [bound.get("min") or min(numbers)])
+        axes.set_ylim(low * 0.9, max(numbers) * 1.04)
+        axes.set_ylabel(label, fontsize=8)
+        axes.legend(fontsize=8, loc="lower right")
+        axes.tick_params(axis="x", labelsize=8)
+    return _svg(figure)
+
+
+def _p2p_plot(result: Result) -> str | None:
+    by_node: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
+    for m in result.measurements:
+        copy = m.metrics.get("copy_gbps")
+        if m.name == "p2p" and copy is not None and "src" in m.params and "dst" in m.params:
+            node = re.sub(r"^link:", "", m.scope).split("/", 1)[0]
+            by_node[node][(int(m.params["src"]), int(m.params["dst"]))] = float(copy)
+    if not by_node:
+        return None
+    import numpy as np
+
+    figure = _figure(4.2 * len(by_node) + 1, 4)
+    axes_list = figure.subplots(1, len(by_node), squeeze=False)[0]
+    for axes, (node, pairs) in zip(axes_list, sorted(by_node.items()), strict=True):
+        gpus = sorted({g for pair in pairs for g in pair})
+        matrix = np.full((len(gpus), len(gpus)), np.nan)
+        for (src, dst), value in pairs.items():
+            matrix[gpus.index(src), gpus.index(dst)] = value
+        # from 0: a weak link stands out by how much it lacks, equal links look equal
+        image = axes.imshow(matrix, cmap="viridis", vmin=0, vmax=np.nanmax(matrix))
+        for i in range(len(gpus)):
+            for j in range(len(gpus)):
+                if not np.isnan(matrix[i, j]):
+                    light = matrix[i, j] > 0.6 * np.nanmax(matrix)  # viridis turns yellow up there
+                    colour = "k" if light else "w"
+                    axes.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", color=colour, fontsize=8)
+        axes.set_xticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
+        axes.set_yticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
+        axes.set_xlabel("destination")
+        axes.set_ylabel("source")
+        axes.set_title(node, fontsize=9)
+        figure.colorbar(image, ax=axes, label="GB/s")
+    return _svg(figure)
+
+
+def _train_plot(result: Result) -> str | None:
+    runs: list[Measurement] = [
+        m for m in result.measurements if m.name == "train" and m.metrics.get("tokens_per_s_per_gpu")
+    ]
+    if not runs:
+        return None
+    figure = _figure(7, 3.2)
+    axes = figure.subplots()
+    labels, values, low, high, mfu = [], [], [], [], []
+    for m in runs:
+        p = m.params
+        labels.append(f"{p.get('model', '?')} {p.get('mode', '')} ×{p.get('world_size', 1)}".strip())
+        value = float(m.metrics["tokens_per_s_per_gpu"])
+        values.append(value)
+        low.append(value - float(m.metrics.get("tokens_per_s_per_gpu_min") or value))
+        high.append(float(m.metrics.get("tokens_per_s_per_gpu_max") or value) - value)
+        mfu.append(m.metrics.get("mfu_pct"))
+    bars = axes.bar(labels, values, yerr=[low, high], capsize=4, color="C2")
+    for bar, share in zip(bars, mfu, strict=True):
+        text = f"MFU {share:.1f}%" if share is not None else "MFU n/a (CPU)"
+        axes.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    axes.set_ylabel("tokens/s per GPU (median, min-max)")
+    return _svg(figure)

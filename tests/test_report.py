@@ -1,0 +1,155 @@
+"""report.html from real results: the 4xH200 run committed under benchmarks/results and a CPU accept run.
+
+The page is opened in headless Chromium (Debian's `chromium`): it renders, the browser console stays
+silent, the plots are in the rendered DOM, and a screenshot is not blank. GPUVAL_REQUIRE_CHROMIUM=1
+(.ci/run) turns a missing browser into a failure instead of a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuval.report.html import render_html
+from gpuval.results import load_result
+
+REPO = Path(__file__).resolve().parents[1]
+H200X4 = REPO / "benchmarks" / "results" / "h200x4-2026-11-22" / "accept-standard.json"
+
+
+@pytest.fixture(scope="module")
+def h200x4_html() -> str:
+    return render_html(load_result(H200X4))
+
+
+def _figure(page: str, key: str) -> str:
+    match = re.search(rf'<figure id="plot-{key}">(.*?)</figure>', page, re.S)
+    assert match, f"no plot-{key}"
+    return match[1]
+
+
+def test_failed_checks_come_first_with_their_hints(h200x4_html):
+    problems = h200x4_html[h200x4_html.index('id="problems"') : h200x4_html.index('id="inventory"')]
+    assert "Problems (7)" in problems
+    rows = re.findall(r"<tr><td class=\"status\"[^>]*>(\w+)</td><td>([^<]+)</td><td>([^<]+)</td>", problems)
+    assert len(rows) == 7 and {status for status, _, _ in rows} == {"FAIL"}
+    assert ("FAIL", "membw.h2d_gbps", "gpu:vm/1") in rows
+    assert "check the PCIe link" in problems  # the hint travels with the check
+    assert h200x4_html.index('id="problems"') < h200x4_html.index('id="checks"')  # before the full list
+    banner = h200x4_html[: h200x4_html.index("</header>")]
+    assert ">FAIL</h1>" in banner and "107 PASS · 7 FAIL · 5 SKIP" in banner
+
+
+def test_plots_carry_the_measurements_thresholds_and_medians(h200x4_html):
+    collectives = _figure(h200x4_html, "collectives")
+    for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"):
+        assert f">{op}</text>" in collectives  # a legend entry per collective
+    assert ">1 MiB</text>" in collectives and ">4 GiB</text>" in collectives  # log2 sizes, in bytes
+    per_gpu = _figure(h200x4_html, "per-gpu")
+    # bf16 on the four GPUs: 702.4, 679.6, 675.3, 703.5 -> median (679.6 + 702.4) / 2 = 691.0
+    assert "median 691" in per_gpu and "profile minimum 650" in per_gpu
+    assert "median 4.244" in per_gpu  # HBM copy: 4.240, 4.247, 4.244, 4.244
+    p2p = _figure(h200x4_html, "p2p")
+    assert p2p.count(">394<") + p2p.count(">395<") == 12  # every ordered pair of four GPUs, labelled
+    assert 'id="plot-train"' not in h200x4_html  # this run had no training benchmark: no empty plot
+
+
+def test_the_page_needs_nothing_from_outside(h200x4_html):
+    for needle in ("<script", "<link", " src=", "@import"):
+        assert needle not in h200x4_html, needle
+    assert not re.search(r"url\((?!#)", h200x4_html)  # only the SVG's own clip paths, by id
+    urls = set(re.findall(r"https?://[^\s\"'<>)]+", h200x4_html))
+    assert urls <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, urls  # namespaces
+
+
+def test_cli_report_writes_beside_the_result_and_refuses_a_file_that_is_no_result(tmp_path, gpuval):
+    copy = tmp_path / "result.json"
+    copy.write_text(H200X4.read_text())
+    proc = gpuval(["report", str(copy)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
+    other = tmp_path / "env.json"
+    other.write_text(json.dumps({"torch": "2.11"}))
+    proc = gpuval(["report", str(other), "--output", str(tmp_path / "x.html")], tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "x.html").exists()
+    assert proc.stderr.strip().splitlines() == [
+        f"gpuval: {other} is not a gpuval result.json (verdict: Field required): pass the result.json "
+        "that gpuval accept wrote"
+    ]
+
+
+# --- in a real browser ---------------------------------------------------------------------------------
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        if os.environ.get("GPUVAL_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("GPUVAL_REQUIRE_CHROMIUM=1 but no chromium on PATH (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return found
+
+
+def _browse(page: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--enable-logging=stderr",
+        "--log-level=0",  # console messages are INFO lines: "INFO:CONSOLE(...)"
+        f"--user-data-dir={page.parent / 'chromium-profile'}",
+        *flags,
+        page.as_uri(),
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def accept_cpu_report(tmp_path_factory) -> Path:
+    """report.html as `gpuval accept` writes it on this CPU machine (training plot included)."""
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("accept")
+    proc = run_cli(["accept", "--quick", "--output", str(out)], out)
+    assert proc.returncode == 0, proc.stderr
+    assert "report.html" in proc.stdout
+    return out / "report.html"
+
+
+@pytest.mark.parametrize("which", ["h200x4", "cpu"])
+def test_report_renders_in_headless_chromium_without_console_errors(which, tmp_path, accept_cpu_report):
+    if which == "h200x4":
+        page = tmp_path / "report.html"
+        page.write_text(render_html(load_result(H200X4)))
+        expected_plots = {"plot-collectives", "plot-per-gpu", "plot-p2p"}
+    else:
+        page = accept_cpu_report
+        expected_plots = {"plot-collectives", "plot-per-gpu", "plot-train"}
+    dom = _browse(page, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    rendered = dom.stdout
+    figures = set(re.findall(r'<figure id="(plot-[\w-]+)"', rendered))
+    assert figures == expected_plots
+    assert rendered.count("<svg") >= len(expected_plots)
+
+    shot = tmp_path / "shot.png"
+    proc = _browse(page, "--window-size=1280,1800", f"--screenshot={shot}")
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    import numpy as np
+    from matplotlib.image import imread
+
+    pixels = imread(shot)[..., :3]
+    assert pixels.shape[:2] == (1800, 1280)
+    not_white = (pixels < 0.95).any(axis=2).mean()
+    colours = len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    assert not_white > 0.05 and colours > 50  # text, a coloured banner and plots, not a blank page
