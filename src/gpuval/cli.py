@@ -399,6 +399,71 @@ def report(
 
 @app.command()
 @_exits
+def compare(
+    before: Annotated[Path, typer.Argument(help="result.json of the earlier run")],
+    after: Annotated[Path, typer.Argument(help="result.json of the later run")],
+    fail_on_regression: Annotated[
+        float | None,
+        typer.Option(help="exit 1 when any measurement got worse by more than this many percent", min=0),
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+) -> int:
+    """Every measurement both results share, side by side: absolute and % change, better or worse."""
+    from rich.table import Table
+
+    from gpuval.report.compare import compare as compare_results
+    from gpuval.report.compare import regressions, to_json
+    from gpuval.results import load_result
+
+    rows, unmatched = compare_results(load_result(before), load_result(after))
+    if not rows:
+        raise UsageError(
+            f"{before} and {after} share no measurement: compare runs of the same benchmarks and scopes"
+        )
+    worse = regressions(rows, fail_on_regression or 0.0)
+    if json_:
+        sys.stdout.write(to_json(rows, unmatched, worse))
+    else:
+        table = Table(title=f"gpuval compare · {before} → {after}", title_justify="left")
+        for column in ("measurement", "scope", "which", "metric"):
+            table.add_column(column, overflow="fold")
+        for column in ("before", "after", "change"):
+            table.add_column(column, justify="right", no_wrap=True)
+        for row in rows:
+            style = {True: "green", False: "red", None: "dim"}[row.better]
+            change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
+            table.add_row(
+                row.name,
+                row.scope,
+                row.identity,
+                row.metric,
+                f"{row.before:.4g}",
+                f"{row.after:.4g}",
+                f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
+            )
+        console.print(table)
+        better = sum(row.better is True for row in rows)
+        worse_all = sum(row.better is False for row in rows)
+        console.print(
+            f"{len(rows)} shared: {better} better, {worse_all} worse, {len(rows) - better - worse_all} "
+            f"unchanged or not judged; {unmatched['only_before']} only before, "
+            f"{unmatched['only_after']} only after"
+        )
+    if fail_on_regression is None or not worse:
+        return EXIT_PASS
+    first = worse[0]
+    err_console.print(
+        f"gpuval: {len(worse)} measurement(s) regressed more than {fail_on_regression:g} %, e.g. "
+        f"{first.name} {first.scope} {first.identity} {first.metric}: {first.before:.4g} → {first.after:.4g}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return EXIT_FAIL
+
+
+@app.command()
+@_exits
 def schema() -> int:
     """Print the JSON Schema of result.json."""
     from gpuval.results import json_schema
