@@ -39,12 +39,14 @@ def is_launcher_variable(key: str) -> bool:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """os.environ without launcher variables, no GPU visible, an 80-column terminal; then `extra`.
+    """os.environ without launcher variables, no GPU visible, an 80-column terminal, no history; then
+    `extra`.
 
     Other test modules import it (`from conftest import cli_env`) for the child processes they start.
     """
     env = {key: value for key, value in os.environ.items() if not is_launcher_variable(key)}
     env.update({"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "80", "NO_COLOR": "1", "PYTHONUNBUFFERED": "1"})
+    env["GPUVAL_HISTORY"] = "none"  # no test reads or grows the user's history unless it asks (test_history)
     env.update(extra)
     return env
 

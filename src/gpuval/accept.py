@@ -144,6 +144,19 @@ def run_accept(
     )
 
 
+def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
+    """The result with its drift checks against the node's past runs added, and the verdict again."""
+    if history is None:
+        return result
+    from gpuval.history import drift_checks
+
+    drift = drift_checks(history, result, settings)
+    if not drift:
+        return result
+    checks = result.checks + drift
+    return result.model_copy(update={"checks": checks, "verdict": verdict(checks)})
+
+
 def write_reports(result: Result, output_dir: Path) -> list[Path]:
     """result.json, junit.xml and report.html, in that order: the verdict's record first."""
     from gpuval.report.html import write_html

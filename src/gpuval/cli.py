@@ -48,6 +48,15 @@ NprocOption = Annotated[
 ]
 
 
+HistoryOption = Annotated[
+    str | None,
+    typer.Option(
+        help="SQLite file of past accept runs, for drift checks (default $GPUVAL_HISTORY or "
+        "~/.local/share/gpuval/history.sqlite; 'none': off)"
+    ),
+]
+
+
 def _default_nproc() -> int:
     import torch
 
@@ -118,6 +127,7 @@ def accept(
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
     nproc: NprocOption = None,
     json_: Annotated[bool, typer.Option("--json", help="print result.json to stdout")] = False,
+    history: HistoryOption = None,
 ) -> int:
     """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
     from gpuval.atomic import ensure_writable_dir
@@ -136,8 +146,13 @@ def accept(
     if os.environ.get("RANK", "0") == "0":
         ensure_writable_dir(output)
 
+    from gpuval.history import history_path_from
+
+    history_path = history_path_from(history)
+
     def work() -> int:
-        from gpuval.accept import run_accept, write_reports
+        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.history import record
         from gpuval.report.console import print_result
         from gpuval.runtime import init_runtime
 
@@ -166,7 +181,10 @@ def accept(
             runtime.shutdown()
         if result is None:
             return EXIT_PASS
+        result = with_drift(result, history_path, loaded.history)
         paths = write_reports(result, output)
+        if history_path is not None:
+            record(history_path, result)
         if json_:
             sys.stdout.write(result.to_json())
         else:
@@ -460,6 +478,52 @@ def compare(
         soft_wrap=True,
     )
     return EXIT_FAIL
+
+
+@app.command("history")
+@_exits
+def history_command(
+    history: HistoryOption = None,
+    node: Annotated[str | None, typer.Option(help="node (default: the latest run's)")] = None,
+    last: Annotated[int, typer.Option(help="runs to list and to trend over", min=1)] = 10,
+    json_: Annotated[bool, typer.Option("--json", help="print runs and trends as JSON")] = False,
+) -> int:
+    """Past accept runs of a node and each check's trend: its values, their median, the latest against it."""
+    from rich.table import Table
+
+    from gpuval.history import history_path_from, runs, trends
+
+    path = history_path_from(history)
+    if path is None:
+        raise UsageError("history is off (GPUVAL_HISTORY=none): pass --history PATH")
+    listed = runs(path, node, last)
+    if not listed:
+        raise UsageError(f"no run of node {node} in {path}: `gpuval history --history {path}` lists them")
+    chosen = node or listed[0]["nodes"].split("+")[0]
+    series = trends(path, chosen, last)
+    if json_:
+        sys.stdout.write(json.dumps({"node": chosen, "runs": listed, "trends": series}, indent=2) + "\n")
+        return EXIT_PASS
+    table = Table(title=f"gpuval history · {path}", title_justify="left")
+    for column in ("run", "started", "profile", "verdict", "nodes"):
+        table.add_column(column)
+    for run in listed:
+        table.add_row(str(run["id"]), run["started_at"], run["profile"], run["verdict"], run["nodes"])
+    console.print(table)
+    trend_table = Table(title=f"trends · node {chosen} · last {last} runs", title_justify="left")
+    for column in ("check", "scope", "values (oldest → latest)", "median", "latest vs median"):
+        trend_table.add_column(column, overflow="fold")
+    for item in series:
+        change = item["latest_vs_median_pct"]
+        trend_table.add_row(
+            item["name"],
+            item["scope"],
+            " ".join(f"{v:.4g}" for v in item["values"]),
+            f"{item['median']:.4g} {item['unit']}".strip(),
+            "" if change is None else f"{change:+.1f} %",
+        )
+    console.print(trend_table)
+    return EXIT_PASS
 
 
 @app.command()

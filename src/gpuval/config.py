@@ -68,6 +68,13 @@ class HealthSettings(_Strict):
     )
 
 
+class HistorySettings(_Strict):
+    window: StrictInt = Field(5, ge=1, description="a node's last runs whose median is its baseline")
+    min_runs: StrictInt = Field(1, ge=1, description="past runs needed before drift is judged")
+    tolerance_pct: float = Field(10.0, ge=0, description="how much worse than the baseline is drift, in %")
+    fail: bool = Field(False, description="drift FAILs instead of WARNs")
+
+
 class RuntimeSettings(_Strict):
     timeout_s: float = Field(300.0, gt=0, description="timeout of every collective")
 
@@ -78,6 +85,7 @@ class Profile(_Strict):
     expect: Expect = Field(default_factory=Expect)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    history: HistorySettings = Field(default_factory=HistorySettings)
     checks: dict[str, Threshold] = Field(default_factory=dict)
     benchmarks: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="options per benchmark; listing one runs it even with no check"
