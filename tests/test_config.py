@@ -91,7 +91,7 @@ def _usage_error(*args, **kwargs) -> str:
             "name: x\nzzzz: 1\n",
             [
                 "unknown key 'zzzz'",
-                "known keys: benchmarks, checks, description, expect, health, name, runtime",
+                "known keys: benchmarks, checks, description, expect, health, history, name, runtime",
             ],
             id="unknown-top-level-key-without-a-close-match-lists-the-known-keys",
         ),
