@@ -71,7 +71,7 @@ def test_two_rank_accept_passes(two_ranks):
     proc, out = two_ranks
     _no_traceback(proc)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.html", "result.json"]  # no temp files
+    assert sorted(p.name for p in out.iterdir()) == ["junit.xml", "report.html", "result.json"]  # no tmp
     # the console summary is for people and rich wraps it at the terminal width: compare the words
     written = f"wrote {out / 'result.json'}, {out / 'junit.xml'}, {out / 'report.html'}"
     assert written in " ".join(proc.stdout.split())

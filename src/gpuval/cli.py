@@ -384,6 +384,29 @@ def health(
 
 @app.command()
 @_exits
+def monitor(
+    once: Annotated[
+        bool, typer.Option(help="print one reading and exit (two samples --interval apart: rates need both)")
+    ] = False,
+    json_: Annotated[
+        bool, typer.Option("--json", help="JSON: one object (--once) or one line per reading")
+    ] = False,
+    interval: Annotated[float, typer.Option(help="seconds between readings", min=0.1)] = 1.0,
+    count: Annotated[int | None, typer.Option(help="stop after this many readings", min=1)] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option(help="serve DCGM-exporter-style metrics at HOST:PORT (PORT alone: 127.0.0.1)"),
+    ] = None,
+) -> int:
+    """Live per-GPU dashboard (utilisation, memory, temperature, power, clocks, throttling, PCIe/NVLink) and
+    InfiniBand port rates; host CPU and memory where there is no GPU."""
+    from gpuval.monitor import run_monitor
+
+    return run_monitor(once=once, json_=json_, interval=interval, count=count, prometheus=prometheus)
+
+
+@app.command()
+@_exits
 def profiles() -> int:
     """List the built-in profiles."""
     from gpuval.config import builtin_profiles, load_profile

@@ -57,7 +57,7 @@ def available(value: Any) -> bool:
     return not isinstance(value, Unavailable)
 
 
-def _reason(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> str:
     name = type(exc).__name__
     text = str(exc).strip()
     return f"{name}: {text}" if text and text not in name else name
@@ -198,7 +198,7 @@ class Nvml:
         try:
             library.nvmlInit()
         except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-            self.error = _reason(exc)
+            self.error = reason_of(exc)
 
     def __call__(self, function: str, *args: Any) -> Any:
         if self.error is not None:
@@ -209,7 +209,7 @@ class Nvml:
         try:
             return _text(method(*args))
         except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported, GpuIsLost, ...
-            return Unavailable(_reason(exc))
+            return Unavailable(reason_of(exc))
 
     def constant(self, name: str, default: int) -> int:
         return getattr(self.lib, name, default) if self.lib is not None else default
@@ -222,7 +222,7 @@ class Nvml:
                 pass
 
 
-def _first_available(*values: Any) -> Any:
+def first_available(*values: Any) -> Any:
     for value in values:
         if available(value):
             return value
@@ -235,11 +235,11 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.name = nvml("nvmlDeviceGetName", handle)
     gpu.uuid = nvml("nvmlDeviceGetUUID", handle)
     gpu.serial = nvml("nvmlDeviceGetSerial", handle)
-    gpu.pci_bus_id = _field(nvml("nvmlDeviceGetPciInfo", handle), "busId")
+    gpu.pci_bus_id = field_value(nvml("nvmlDeviceGetPciInfo", handle), "busId")
     gpu.vbios_version = nvml("nvmlDeviceGetVbiosVersion", handle)
     memory = nvml("nvmlDeviceGetMemoryInfo", handle)
-    gpu.memory_total_bytes = _field(memory, "total")
-    gpu.memory_used_bytes = _field(memory, "used")
+    gpu.memory_total_bytes = field_value(memory, "total")
+    gpu.memory_used_bytes = field_value(memory, "used")
     capability = nvml("nvmlDeviceGetCudaComputeCapability", handle)
     gpu.compute_capability = f"{capability[0]}.{capability[1]}" if available(capability) else capability
     mig = nvml("nvmlDeviceGetMigMode", handle)
@@ -275,9 +275,9 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
         setattr(gpu, attribute, len(pages) if available(pages) else pages)
     pending = nvml("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     gpu.retired_pages_pending = bool(pending) if available(pending) else pending
-    gpu.power_limit_w = _scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)
-    gpu.power_default_limit_w = _scaled(nvml("nvmlDeviceGetPowerManagementDefaultLimit", handle), 1e-3)
-    gpu.power_usage_w = _scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3)
+    gpu.power_limit_w = scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)
+    gpu.power_default_limit_w = scaled(nvml("nvmlDeviceGetPowerManagementDefaultLimit", handle), 1e-3)
+    gpu.power_usage_w = scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3)
     sm, mem = c("NVML_CLOCK_SM", 1), c("NVML_CLOCK_MEM", 2)
     gpu.sm_clock_mhz = nvml("nvmlDeviceGetClockInfo", handle, sm)
     gpu.max_sm_clock_mhz = nvml("nvmlDeviceGetMaxClockInfo", handle, sm)
@@ -290,13 +290,13 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.temperature_shutdown_c = nvml(
         "nvmlDeviceGetTemperatureThreshold", handle, c("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)
     )
-    gpu.clock_event_reasons = _first_available(
+    gpu.clock_event_reasons = first_available(
         nvml("nvmlDeviceGetCurrentClocksEventReasons", handle),
         nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
     )
     gpu.pcie_gen_current = nvml("nvmlDeviceGetCurrPcieLinkGeneration", handle)
     # The link's maximum (GPU and slot together): a Gen5 GPU in a Gen4 slot is not a degraded link.
-    gpu.pcie_gen_max = _first_available(
+    gpu.pcie_gen_max = first_available(
         nvml("nvmlDeviceGetMaxPcieLinkGeneration", handle),
         nvml("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle),
     )
@@ -306,7 +306,10 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.numa_node = nvml("nvmlDeviceGetNumaNodeId", handle)
     processes = nvml("nvmlDeviceGetComputeRunningProcesses", handle)
     gpu.compute_processes = (
-        [{"pid": _field(p, "pid"), "used_memory_bytes": _field(p, "usedGpuMemory")} for p in processes]
+        [
+            {"pid": field_value(p, "pid"), "used_memory_bytes": field_value(p, "usedGpuMemory")}
+            for p in processes
+        ]
         if available(processes)
         else processes
     )
@@ -331,7 +334,7 @@ def _nvlinks(nvml: Nvml, handle: Any) -> list[NvLink]:
                 remote=NVLINK_REMOTE_TYPES.get(remote_type, str(remote_type))
                 if available(remote_type)
                 else remote_type,
-                remote_pci_bus_id=_field(remote_pci, "busId"),
+                remote_pci_bus_id=field_value(remote_pci, "busId"),
                 replay_errors=nvml(
                     "nvmlDeviceGetNvLinkErrorCounter", handle, index, c("NVML_NVLINK_ERROR_DL_REPLAY", 0)
                 ),
@@ -346,7 +349,7 @@ def _nvlinks(nvml: Nvml, handle: Any) -> list[NvLink]:
     return links
 
 
-def _field(value: Any, name: str) -> Any:
+def field_value(value: Any, name: str) -> Any:
     if not available(value):
         return value
     if isinstance(value, dict):
@@ -354,7 +357,7 @@ def _field(value: Any, name: str) -> Any:
     return _text(getattr(value, name, None))
 
 
-def _scaled(value: Any, factor: float) -> Any:
+def scaled(value: Any, factor: float) -> Any:
     return value * factor if isinstance(value, (int, float)) else value
 
 
