@@ -2,7 +2,8 @@
 # One device session, everything gpuval can show on one machine, each with the environment recorded.
 # Usage on a device machine: bash benchmarks/device_run.sh PROFILE
 # Writes under $OUT (at most 8 files come back): env.json, discover.json, health.json, nvml.json,
-# accept-quick.json, accept-standard.json, reference.json, log.txt. junit files stay in /tmp/gpuval-runs.
+# monitor.json, accept-quick.json, accept-standard.json, reference.json, log.txt: run with
+# TIERS=quick (or REFERENCE=0) to stay within eight. junit files stay in /tmp/gpuval-runs.
 set -uo pipefail
 PROFILE=${1:?profile}
 TIERS=${TIERS:-"quick standard"}
@@ -44,6 +45,8 @@ timed discover python3 -m gpuval discover --output "$OUT/discover.json"
 timed health python3 -m gpuval health --profile "$PROFILE" "${SETS[@]}" --output "$RUNS/health"
 cp "$RUNS/health/result.json" "$OUT/health.json"
 python3 benchmarks/record_nvml.py --output "$OUT/nvml.json"
+# The monitor's own NVML queries (PCIe throughput, NVLink field values) on real GPUs.
+python3 -m gpuval monitor --once --json --interval 1 > "$OUT/monitor.json"
 for tier in $TIERS; do
   flag=""; [ "$tier" = quick ] && flag="--quick"
   timed "accept-$tier" python3 -m gpuval accept --profile "$PROFILE" "${SETS[@]}" $flag \

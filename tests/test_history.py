@@ -93,15 +93,21 @@ def test_runs_and_trends_read_back_what_was_recorded(tmp_path):
     assert "all_reduce.busbw_gbps" in names and "expect.gpu_count" not in names  # no direction: not kept
 
 
-def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval):
-    """Real accept runs on this CPU. The first run's stored values are tripled (a faster past), so the
-    second, ordinary run is more than the CPU profile's 60% tolerance below the node's median."""
+def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval, write_profile):
+    """Real accept runs on this CPU (matmul only, to stay quick). The first run's stored values are
+    multiplied by ten (a faster past), so the second, ordinary run is 90% below the node's median: beyond
+    any run-to-run noise of a shared CPU and the profile's 60% tolerance."""
+    profile = write_profile(
+        "name: cpu-matmul\nexpect: {gpu_count: 0}\nhistory: {tolerance_pct: 60}\n"
+        "checks:\n  matmul.fp32_tflops: {min: 0.001}\n"
+    )
     db = tmp_path / "history.sqlite"
-    first = gpuval(["accept", "--quick", "--output", str(tmp_path / "a"), "--history", str(db)], tmp_path)
+    common = ["accept", "--quick", "--profile", str(profile), "--history", str(db)]
+    first = gpuval([*common, "--output", str(tmp_path / "a")], tmp_path)
     assert first.returncode == 0, first.stderr
     with sqlite3.connect(db) as connection:
-        connection.execute("UPDATE values_ SET value = value * 3 WHERE name = 'matmul.fp32_tflops'")
-    second = gpuval(["accept", "--quick", "--output", str(tmp_path / "b"), "--history", str(db)], tmp_path)
+        connection.execute("UPDATE values_ SET value = value * 10 WHERE name = 'matmul.fp32_tflops'")
+    second = gpuval([*common, "--output", str(tmp_path / "b")], tmp_path)
     assert second.returncode == 0, second.stderr  # a WARN never changes the verdict
     result = json.loads((tmp_path / "b" / "result.json").read_text())
     drift = [c for c in result["checks"] if c["name"] == "drift.matmul.fp32_tflops"]

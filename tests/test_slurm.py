@@ -91,26 +91,37 @@ def test_accept_on_two_nodes_passes_with_both_nodes_in_the_result(slurm, tmp_pat
     assert "== partition and nodes" in log and "node1: " in log and "node2: " in log
 
 
-def test_a_failing_verdict_is_the_jobs_exit_code(slurm, tmp_path):
-    env = {**slurm, "GPUVAL_OUTPUT": str(tmp_path / "results")}
+def test_one_failing_node_is_named_and_the_verdict_is_the_jobs_exit_code(slurm, tmp_path):
+    """node2 answers NVML with a recorded H100 (tests/dist/nvmlhook), which the CPU profile does not
+    expect: its health FAILs, node1's passes. The job exits 1 and result.json blames node2 alone."""
+    hook = Path(__file__).parent / "dist" / "nvmlhook"
+    path = os.pathsep.join(filter(None, [str(hook), slurm.get("PYTHONPATH")]))
+    env = {
+        **slurm,
+        "GPUVAL_OUTPUT": str(tmp_path / "results"),
+        "PYTHONPATH": path,
+        "GPUVAL_TEST_NVML_NODE": "node2",
+    }
     job = _run(
-        [
-            "sbatch",
-            "--wait",
-            "--nodes=2",
-            "--ntasks-per-node=1",
-            str(SLURM / "accept.sbatch"),
-            "--quick",
-            "--set",
-            "expect.gpu_count=8",
-        ],
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", str(SLURM / "accept.sbatch"), "--quick"],
         env,
         tmp_path,
     )
     assert job.returncode == 1, job.stderr + _job_output(tmp_path)
     result = json.loads((tmp_path / "results" / "result.json").read_text(encoding="utf-8"))
-    failed = {(c["name"], c["scope"]) for c in result["checks"] if c["status"] == "FAIL"}
-    assert {("expect.gpu_count", "node:node1"), ("expect.gpu_count", "node:node2")} <= failed
+    assert result["verdict"] == "FAIL"
+    failed = [c for c in result["checks"] if c["status"] == "FAIL"]
+    assert ("expect.gpu_count", "node:node2") in {(c["name"], c["scope"]) for c in failed}
+    for check in failed:  # nothing blames node1: node2's own checks, or fleet checks that name node2
+        assert ":node2" in check["scope"] or (check["scope"] == "cluster" and "(node2: " in check["detail"])
+    by_name = {}
+    for check in result["checks"]:
+        by_name.setdefault(check["name"], []).append(check)
+    node2_matmul = [c for c in by_name["matmul.fp32_tflops"] if ":node2/" in c["scope"]]
+    assert node2_matmul and all("node node2 failed health" in c["detail"] for c in node2_matmul)
+    assert {c["status"] for c in by_name["matmul.fp32_tflops"] if ":node1/" in c["scope"]} == {"PASS"}
+    [reduce] = by_name["all_reduce.busbw_gbps"]
+    assert reduce["status"] == "SKIP" and "node2: expect.gpu_count" in reduce["detail"]
 
 
 def test_tiny_finetune_trains_with_ddp_across_two_nodes(slurm, tmp_path):

@@ -24,8 +24,15 @@ from gpuval.bench import collectives
 from gpuval.bench.registry import Context
 from gpuval.runtime import init_runtime
 
-SMALL = {"min_bytes": "4KiB", "max_bytes": "64KiB", "step_factor": 4, "extra_sizes": [5000],
-         "warmup": 1, "iters": 2, "repeats": 2}
+SMALL = {
+    "min_bytes": "4KiB",
+    "max_bytes": "64KiB",
+    "step_factor": 4,
+    "extra_sizes": [5000],
+    "warmup": 1,
+    "iters": 2,
+    "repeats": 2,
+}
 
 
 def corrupting(real: collectives.CollectiveOp, bad_global_rank: int) -> collectives.CollectiveOp:
@@ -57,10 +64,18 @@ def main() -> None:
     mode, out = sys.argv[1], sys.argv[2]
     runtime = init_runtime(timeout_s=60)
     document: dict = {
-        "runtime": {"rank": runtime.rank, "world_size": runtime.world_size, "local_rank": runtime.local_rank,
-                    "local_world_size": runtime.local_world_size, "node_rank": runtime.node_rank,
-                    "node_name": runtime.node_name, "node_names": runtime.node_names,
-                    "backend": runtime.backend, "device": str(runtime.device), "launcher": runtime.launcher},
+        "runtime": {
+            "rank": runtime.rank,
+            "world_size": runtime.world_size,
+            "local_rank": runtime.local_rank,
+            "local_world_size": runtime.local_world_size,
+            "node_rank": runtime.node_rank,
+            "node_name": runtime.node_name,
+            "node_names": runtime.node_names,
+            "backend": runtime.backend,
+            "device": str(runtime.device),
+            "launcher": runtime.launcher,
+        },
         "runs": {},
     }
     runs = document["runs"]
