@@ -320,3 +320,26 @@ def test_unit_of(metric, unit):
 )
 def test_every_failure_gets_a_hint_for_its_hardware(name, metric, expected):
     assert expected in hint_for(name, metric)
+
+
+def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monkeypatch, capsys):
+    """The rank that fails says so on its own stderr at once (the other ranks may still be inside the
+    benchmark's collectives), and the run records an ERROR; later benchmarks are not run."""
+    from types import SimpleNamespace
+
+    from gpuval import suite
+
+    def boom(ctx, options):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    benchmarks = {
+        "matmul": SimpleNamespace(run=boom),
+        "membw": SimpleNamespace(run=lambda ctx, options: []),
+    }
+    monkeypatch.setattr(suite, "all_benchmarks", lambda: benchmarks)
+    runtime = SimpleNamespace(rank=1, all_gather_object=lambda obj: [obj])
+    outcome = suite.run_benchmarks(runtime, {"matmul": None, "membw": None}, quick=True)
+    reason = "matmul failed on rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert outcome.not_run["matmul"] == (Status.ERROR, reason)
+    assert outcome.not_run["membw"] == (Status.ERROR, f"not run: an earlier benchmark failed ({reason})")
+    assert capsys.readouterr().err == f"gpuval: {reason}\n"

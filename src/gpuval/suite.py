@@ -7,6 +7,7 @@ the benchmarks after it are not run: a process group that saw a failure cannot b
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,9 @@ def run_benchmarks(
                 f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
             )
+            # Said at once, by the rank it happened on: if the other ranks are still inside this
+            # benchmark's collectives, the next exchange breaks and this line is what explains it.
+            print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
         gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status))
         outcome.durations_s[name] = time.perf_counter() - began
         statuses = [s for _, s in gathered if s is not None]
