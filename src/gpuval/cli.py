@@ -398,8 +398,10 @@ def monitor(
         typer.Option(help="serve DCGM-exporter-style metrics at HOST:PORT (PORT alone: 127.0.0.1)"),
     ] = None,
 ) -> int:
-    """Live per-GPU dashboard (utilisation, memory, temperature, power, clocks, throttling, PCIe/NVLink) and
-    InfiniBand port rates; host CPU and memory where there is no GPU."""
+    """Live per-GPU dashboard, InfiniBand port rates, and Prometheus metrics named as DCGM-exporter's.
+
+    Per GPU: utilisation, memory, temperature, power, SM clock, throttle reasons, PCIe and NVLink
+    throughput; host CPU and memory where there is no GPU."""
     from gpuval.monitor import run_monitor
 
     return run_monitor(once=once, json_=json_, interval=interval, count=count, prometheus=prometheus)
