@@ -127,6 +127,15 @@ def record_device(index: int, handle: Any, handles: list[Any]) -> dict[str, Any]
         answers[f"nvmlDeviceGetClockInfo({label})"] = call("nvmlDeviceGetClockInfo", handle, clock)
         answers[f"nvmlDeviceGetMaxClockInfo({label})"] = call("nvmlDeviceGetMaxClockInfo", handle, clock)
     answers["nvmlDeviceGetCpuAffinity(64)"] = call("nvmlDeviceGetCpuAffinity", handle, 64)
+    # gpuval monitor's own queries: PCIe throughput (KB/s over NVML's 20 ms window) and the NVLink
+    # throughput fields 138/139 (cumulative KiB, scope UINT_MAX = every link), as recorded structures.
+    for counter, label in ((nv.NVML_PCIE_UTIL_TX_BYTES, "tx"), (nv.NVML_PCIE_UTIL_RX_BYTES, "rx")):
+        answers[f"nvmlDeviceGetPcieThroughput({label})"] = call(
+            "nvmlDeviceGetPcieThroughput", handle, counter
+        )
+    answers["nvmlDeviceGetFieldValues(nvlink_throughput)"] = call(
+        "nvmlDeviceGetFieldValues", handle, [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)]
+    )
     links = []
     for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
         entry = {"state": call("nvmlDeviceGetNvLinkState", handle, link)}
