@@ -129,3 +129,16 @@ def test_history_command_without_a_database_is_a_one_line_error(tmp_path, gpuval
         f"gpuval: no history at {tmp_path / 'missing.sqlite'}: gpuval accept records there (or pass "
         "--history PATH)"
     ]
+
+
+def test_a_history_that_cannot_be_written_stops_accept_before_any_work(tmp_path, gpuval):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    out = tmp_path / "out"
+    history = str(blocker / "h.sqlite")
+    proc = gpuval(["accept", "--quick", "--output", str(out), "--history", history], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"gpuval: history database {blocker / 'h.sqlite'}: File exists: pass --history PATH (or none)"
+    ]
+    assert not out.exists()  # no benchmark ran, nothing half-written

@@ -133,6 +133,7 @@ def accept(
     from gpuval.atomic import ensure_writable_dir
     from gpuval.config import load_profile, pick_profile
     from gpuval.discover import local_gpu_names
+    from gpuval.history import history_path_from, open_history
     from gpuval.suite import plan_benchmarks
 
     name = profile or pick_profile(local_gpu_names())
@@ -143,12 +144,11 @@ def accept(
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         output = Path("gpuval-results") / f"accept-{stamp}"
         extra_argv = ("--output", str(output))
-    if os.environ.get("RANK", "0") == "0":
-        ensure_writable_dir(output)
-
-    from gpuval.history import history_path_from
-
     history_path = history_path_from(history)
+    if os.environ.get("RANK", "0") == "0":  # bad input is said before any work or any folder is made
+        if history_path is not None:
+            open_history(history_path)
+        ensure_writable_dir(output)
 
     def work() -> int:
         from gpuval.accept import run_accept, with_drift, write_reports

@@ -59,8 +59,14 @@ def _connect(path: Path) -> sqlite3.Connection:
         connection = sqlite3.connect(path, timeout=30)
         connection.executescript(SCHEMA)
     except (OSError, sqlite3.Error) as exc:
-        raise UsageError(f"history database {path}: {exc}: pass --history PATH (or none)") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UsageError(f"history database {path}: {reason}: pass --history PATH (or none)") from None
     return connection
+
+
+def open_history(path: Path) -> None:
+    """Create the database (and its folder) if needed: a UsageError naming the path when it cannot be."""
+    _connect(path).close()
 
 
 def _owner(scope: str, group: str) -> str:
