@@ -56,6 +56,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "activation_checkpointing": True,
     },
     "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
+    # whole-document rows (mode fixed) through causal SDPA instead of varlen (kernels._causal_rows)
+    "gpuval-cudnn": {"row_kernel": "cudnn"},
+    "gpuval-flash": {"row_kernel": "flash"},
+    "gpuval-cudnn-mb3": {"row_kernel": "cudnn", "micro_batch_size": 3},  # 3 sequences per step
 }
 DEFAULT_VARIANTS = ("seeds", "gpuval", "gpuval-no-compile", "gpuval-mb1", "gpuval-packed")
 

@@ -19,6 +19,7 @@ from gpuval.finetune.kernels import (  # noqa: E402
     flatten_for_varlen,
     resolve_attention,
     resolve_kernels,
+    resolve_row_kernel,
     use_varlen_attention,
 )
 from gpuval.finetune.model import load_model  # noqa: E402
@@ -27,11 +28,11 @@ from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 from gpuval.finetune.train import train  # noqa: E402
 
 
-def _packs(vocab: int) -> list[Pack]:
-    """Two packs of documents of uneven lengths (one row shorter: padding on the right)."""
-    generator = torch.Generator().manual_seed(0)
+def _packs(vocab: int, rows: tuple[tuple[int, ...], ...] = ((37, 5, 60), (50, 21))) -> list[Pack]:
+    """One pack per row of documents of these lengths (by default uneven: one row shorter, padded)."""
+    generator = torch.Generator().manual_seed(sum(map(len, rows)))
     packs = []
-    for lengths in ((37, 5, 60), (50, 21)):
+    for lengths in rows:
         pack = Pack()
         for length in lengths:
             ids = torch.randint(3, vocab, (length,), generator=generator).tolist()
@@ -83,6 +84,37 @@ def test_varlen_attention_keeps_documents_apart():
     assert not torch.allclose(after[0, 37:42], before[0, 37:42])
 
 
+def _whole_packs(vocab: int, length: int = 64) -> list[Pack]:
+    """Two packs that are one document each, filling the row (fixed-length data)."""
+    return _packs(vocab, ((length,), (length,)))
+
+
+def test_whole_document_rows_skip_varlen_and_give_the_flattened_loss_and_gradients():
+    packs = _whole_packs(3000)
+    kept = flatten_for_varlen(collate(packs, 0, 64, with_mask=False), whole_rows=True)
+    assert kept["input_ids"].shape == (2, 64) and not _cu(kept)  # no flattening, no varlen arguments
+    flat = flatten_for_varlen(collate(packs, 0, 64, with_mask=False))
+    assert flat["input_ids"].shape == (1, 128) and flat["cu_seq_lens_q"].tolist() == [0, 64, 128]
+    results = []
+    for batch in (flat, kept):
+        model = load_model("tiny", torch.float32)
+        use_varlen_attention(model, "cudnn")  # on a CPU: whole rows through plain causal SDPA
+        batch = dict(batch)
+        labels = batch.pop("labels")
+        loss = LossHead.plain()(model(**batch).logits, labels)
+        loss.backward()
+        results.append((loss.detach(), model.model.layers[0].self_attn.k_proj.weight.grad.clone()))
+    (loss_flat, grad_flat), (loss_rows, grad_rows) = results
+    torch.testing.assert_close(loss_rows, loss_flat, rtol=1e-5, atol=1e-5)
+    assert float((grad_rows - grad_flat).norm() / grad_flat.norm()) < 1e-5
+
+
+def test_rows_with_several_documents_or_padding_are_still_flattened():
+    for packs, width in ((_packs(3000), 128), (_whole_packs(3000, 60), 64)):  # 2-3 documents; padded rows
+        batch = flatten_for_varlen(collate(packs, 0, width, with_mask=False), whole_rows=True)
+        assert batch["input_ids"].shape == (1, 2 * width) and "cu_seq_lens_q" in batch
+
+
 def _cu(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k.startswith(("cu_seq_lens", "max_length"))}
 
@@ -110,6 +142,8 @@ def test_device_defaults_and_settings_that_cannot_run_here():
     assert resolve_attention("auto", on_gpu=False) == "sdpa"
     assert resolve_attention("varlen", on_gpu=False) == "varlen"  # runs per document on a CPU
     assert resolve_kernels("auto", on_gpu=False) == "torch"
+    assert resolve_row_kernel("auto", on_gpu=True) == "varlen"
+    assert resolve_row_kernel("flash", on_gpu=False) == "flash"
     assert resolve_kernels("torch", on_gpu=True) == "torch"
     with pytest.raises(UsageError, match=r"^train.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
         resolve_kernels("liger", on_gpu=False)

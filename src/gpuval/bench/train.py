@@ -62,6 +62,9 @@ class TrainBenchOptions(BaseModel):
     attention: Literal["auto", "sdpa", "varlen"] = Field(
         "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen on a GPU"
     )
+    row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
+        "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"
+    )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto", description="Liger-Kernel fused ops and loss, or transformers' own; auto: liger on a GPU"
     )
@@ -158,6 +161,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "max_steps": options.warmup_steps + options.steps,
                     "activation_checkpointing": options.activation_checkpointing,
                     "attention": options.attention,
+                    "row_kernel": options.row_kernel,
                     "kernels": options.kernels,
                     "compile": options.compile,
                     "profile_steps": 2 if options.profile_dir else 0,
@@ -209,6 +213,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "target_modules": options.target_modules,
             "activation_checkpointing": options.activation_checkpointing,
             "attention": summary["attention"],  # what ran, after auto
+            "row_kernel": summary["row_kernel"],
             "kernels": summary["kernels"],
             "fused_loss": summary["fused_loss"],
             "compile": options.compile,

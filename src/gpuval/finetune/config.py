@@ -102,6 +102,11 @@ class TrainSettings(_Strict):
         description="per-document attention: varlen (flash varlen, no mask; GPU), sdpa (dense document "
         "mask); auto: varlen on a GPU (finetune/kernels.py)",
     )
+    row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
+        "auto",
+        description="with varlen attention, rows that are one whole document each (fixed-length data): "
+        "cudnn or flash (causal SDPA per row with that backend) or varlen; auto: varlen",
+    )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
         description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and fused linear+cross-entropy (ddp); "

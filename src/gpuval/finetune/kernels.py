@@ -12,6 +12,11 @@ Attention (`train.attention`)
   document, so the plumbing is tested where there is no GPU.
 - `auto`: varlen on a GPU, sdpa on a CPU.
 
+Rows that hold one whole document each (`train.row_kernel`): fixed-length data (`bench train` mode fixed)
+has one document per row, so no row needs varlen bookkeeping: the micro-batch stays `(batch, seq)` and
+each row gets plain causal attention through SDPA with the chosen backend, `cudnn` (cuDNN's fused
+attention, tuned for Hopper) or `flash` (FA2, as varlen_attn); `varlen` flattens them like packed rows.
+
 Kernels (`train.kernels`)
 - `liger`: Liger-Kernel (linkedin/Liger-Kernel, as TRL/Axolotl's `use_liger_kernel`) RMSNorm, SwiGLU and
   RoPE in the model, and its fused linear + cross-entropy for the loss: the output head's logits (152,064
@@ -53,10 +58,26 @@ def resolve_attention(setting: str, on_gpu: bool) -> str:
     return choice
 
 
-def use_varlen_attention(model: Any) -> None:
-    """Switch a transformers model to the `gpuval_varlen` attention (registered once per process)."""
+def use_varlen_attention(model: Any, row_kernel: str = "varlen") -> None:
+    """Switch a transformers model to the `gpuval_varlen` attention (registered once per process);
+    `row_kernel` (resolve_row_kernel) is the kernel of rows that are one whole document each."""
+    global _ROW_KERNEL, _CUDNN_GQA
     _register_varlen()
+    _ROW_KERNEL = row_kernel
+    if row_kernel == "cudnn" and torch.cuda.is_available():
+        _CUDNN_GQA = _cudnn_gqa(torch.device("cuda", torch.cuda.current_device()))
     model.set_attn_implementation(VARLEN)
+
+
+ROW_KERNELS = ("cudnn", "flash", "varlen")
+
+
+def resolve_row_kernel(setting: str, on_gpu: bool) -> str:
+    """`train.row_kernel`: cudnn, flash or varlen for rows holding one whole document (auto: varlen)."""
+    choice = "varlen" if setting == "auto" else setting
+    if choice == "cudnn" and on_gpu and not torch.backends.cudnn.is_available():
+        raise UsageError("train.row_kernel=cudnn needs a PyTorch built with cuDNN: set train.row_kernel=auto")
+    return choice  # on a CPU cudnn and flash both mean: whole rows, plain causal SDPA
 
 
 @functools.cache
@@ -80,6 +101,8 @@ def _register_varlen() -> None:
 _VARLEN_CAUSAL: dict[str, Any] = {}
 _VARLEN_GQA = False
 _VARLEN_NATIVE_GQA = False
+_ROW_KERNEL = "varlen"  # use_varlen_attention: SDPA backend of whole-document rows
+_CUDNN_GQA = False  # whether cuDNN's SDPA takes fewer K/V heads than query heads (enable_gqa)
 
 
 def _no_mask(*_args: Any, **_kwargs: Any) -> None:
@@ -108,14 +131,12 @@ def varlen_attention(
     """transformers attention interface: query `(1, Hq, T, D)`, key/value `(1, Hkv, T, D)` of one flattened
     row, documents given by `cu_seq_lens_q` (int32, `[0, s0, s0+s1, ..., T]`) and `max_length_q`; returns
     `(1, T, Hq, D)`. Causal inside each document, nothing across documents."""
-    if query.shape[0] != 1:
-        raise ValueError("varlen attention takes one flattened row (batch size 1)")
     if dropout:
         raise ValueError("varlen attention has no attention dropout")
     cu = kwargs.get("cu_seq_lens_q")
-    if cu is None:
-        raise ValueError("varlen attention needs cu_seq_lens_q (train passes packing.varlen_kwargs)")
     heads, kv_heads = query.shape[1], key.shape[1]
+    if cu is None:  # rows that are one whole document each (flatten_for_varlen left them as they are)
+        return _causal_rows(query, key, value, scaling), None
     if query.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
@@ -147,6 +168,50 @@ def varlen_attention(
     return torch.cat(parts, dim=2).transpose(1, 2), None
 
 
+def _causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None) -> Any:
+    """Causal attention within each row `(B, H, S, D)` -> `(B, S, Hq, D)`, on a GPU through SDPA's backend
+    `_ROW_KERNEL` only (sdpa_kernel: an unavailable kernel is an error, not a silent fallback)."""
+    gqa = query.shape[1] != key.shape[1]
+    if not query.is_cuda:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+        return out.transpose(1, 2)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if gqa and _ROW_KERNEL == "cudnn" and not _CUDNN_GQA:
+        repeat = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+        gqa = False
+    backend = SDPBackend.CUDNN_ATTENTION if _ROW_KERNEL == "cudnn" else SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2)
+
+
+def _cudnn_gqa(device: torch.device) -> bool:
+    """Whether this PyTorch's cuDNN SDPA takes `enable_gqa` (fewer K/V heads) and matches repeated heads,
+    forward and backward; checked once on small tensors. If not, K/V heads are repeated for it."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (
+        torch.randn(2, h, 128, 64, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_()
+        for h in (4, 2, 2)
+    )
+    try:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            native = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            grads = torch.autograd.grad(native.float().square().sum(), (q, k, v))
+    except (RuntimeError, ValueError):
+        return False
+    k2, v2 = (t.repeat_interleave(2, dim=1) for t in (k, v))
+    repeated = F.scaled_dot_product_attention(q, k2, v2, is_causal=True)
+    grads_ref = torch.autograd.grad(repeated.float().square().sum(), (q, k, v))
+    same = torch.allclose(native, repeated, atol=1e-2, rtol=1e-2) and all(
+        torch.allclose(a, b, atol=2e-2, rtol=2e-2) for a, b in zip(grads, grads_ref, strict=True)
+    )
+    return bool(same)
+
+
 def _native_gqa(device: torch.device) -> bool:
     """Whether this PyTorch's varlen_attn, which has no enable_gqa argument (2.11), still takes fewer K/V
     heads than query heads, as the flash-attention kernel under it does, and gives the answer of repeated
@@ -174,13 +239,20 @@ def _native_gqa(device: torch.device) -> bool:
     return bool(same)
 
 
-def flatten_for_varlen(batch: dict[str, torch.Tensor], max_length: int | None = None) -> dict[str, Any]:
+def flatten_for_varlen(
+    batch: dict[str, torch.Tensor], max_length: int | None = None, whole_rows: bool = False
+) -> dict[str, Any]:
     """A collated micro-batch `(B, S)` as one row `(1, B·S)` plus varlen keyword arguments. The first label of
     every document is IGNORE_INDEX (packing.Pack.add), so the loss across a row boundary is unchanged.
     `max_length`: a fixed bound to pass as the longest document instead of the batch's own (the kernel
-    only sizes its grid by it), so that a compiled model sees one value and never recompiles for it."""
+    only sizes its grid by it), so that a compiled model sees one value and never recompiles for it.
+    `whole_rows`: when every row is one document filling it (position ids 0..S-1), keep `(B, S)` with no
+    varlen arguments: varlen_attention then runs causal attention per row (`_causal_rows`)."""
     from gpuval.finetune.packing import varlen_kwargs
 
+    positions = batch["position_ids"]
+    if whole_rows and bool((positions == torch.arange(positions.shape[1])).all()):
+        return {key: batch[key] for key in ("input_ids", "labels", "position_ids")}
     flat = {key: batch[key].reshape(1, -1) for key in ("input_ids", "labels", "position_ids")}
     extra = varlen_kwargs(batch["position_ids"])
     if max_length is not None:

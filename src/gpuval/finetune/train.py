@@ -43,6 +43,7 @@ from gpuval.finetune.kernels import (
     flatten_for_varlen,
     resolve_attention,
     resolve_kernels,
+    resolve_row_kernel,
     use_varlen_attention,
 )
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
@@ -104,13 +105,14 @@ def train(
     if t.parallel == "deepspeed":  # a missing or broken JSON is found before minutes of model loading
         deepspeed_config(cfg, world, dtype, runtime.on_gpu)
     attention = resolve_attention(t.attention, runtime.on_gpu)
+    row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     kernels = resolve_kernels(t.kernels, runtime.on_gpu, t.compile)
     model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
     if kernels == "liger":
         apply_liger(model)
     if attention == "varlen":
-        use_varlen_attention(model)
+        use_varlen_attention(model, row_kernel)
     if max(max(p.input_ids) for p in packs) >= model.config.vocab_size:
         raise UsageError(
             f"tokenizer '{cfg.tokenizer_source}' makes ids beyond model '{cfg.model}''s vocabulary "
@@ -181,6 +183,7 @@ def train(
                 flatten_for_varlen(
                     collate(mb, pad_id, cfg.data.max_seq_len, with_mask=False),
                     max_length=cfg.data.max_seq_len if t.compile else None,
+                    whole_rows=row_kernel != "varlen",
                 )
                 for mb in micro_batches
             ]
@@ -283,6 +286,7 @@ def train(
         "world_size": world,
         "parallel": t.parallel,
         "attention": attention,
+        "row_kernel": row_kernel,
         "kernels": kernels,
         "fused_loss": fused_loss,
         "activation_checkpointing": t.activation_checkpointing,
