@@ -17,7 +17,9 @@ memory must be given back between runs):
 
 Both sides train on the same token ids: bench train's synthetic conversations (bench/train.py,
 `synthetic_conversations`, mode fixed), encoded with the same tokenizer and cut to `--seq-len`; the same
-global batch every step (2 sequences: batch 2 for the seeds, 1 x 2 accumulation or 2 x 1 for gpuval).
+global batch every step (`--sequences-per-step`, 6 by default: batch 2 x 3 accumulation for the seeds,
+micro-batch m x 6/m accumulation for gpuval), so both sides run the same optimizer steps over the same
+tokens.
 Every step is timed with CUDA events; the first `--warmup` steps are not counted. The LoRA recipe is
 configs/finetune/qwen2-7b-lora.yaml's: r 64, alpha 128, dropout 0.05, q/k/v/o.
 
@@ -43,12 +45,15 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"lora_rank": 64, "lora_alpha": 128.0, "lora_dropout": 0.05}
 # gpuval variants: bench train options on top of mode=fixed and the recipe.
 VARIANTS: dict[str, dict[str, Any]] = {
-    # `gpuval bench train`'s GPU defaults: micro-batch 2, compiled layers, varlen attention, fused loss
+    # `gpuval bench train`'s GPU defaults: micro-batch 3, compiled layers, varlen attention (cuDNN's
+    # causal kernel for whole-document rows on Hopper), fused loss
     "gpuval": {},
     "gpuval-no-compile": {"compile": False},  # kernels auto: all of Liger's
-    "gpuval-mb1": {"micro_batch_size": 1, "grad_accum_steps": 2},
+    "gpuval-mb1": {"micro_batch_size": 1},
+    "gpuval-mb2": {"micro_batch_size": 2},
+    "gpuval-varlen": {"row_kernel": "varlen"},  # whole-document rows through varlen_attn (FA2) too
     "gpuval-packed": {"mode": "packed"},
-    "gpuval-no-liger": {"micro_batch_size": 1, "grad_accum_steps": 2, "compile": False, "kernels": "torch"},
+    "gpuval-no-liger": {"micro_batch_size": 1, "compile": False, "kernels": "torch"},
     "gpuval-sdpa-ckpt": {  # gpuval's loop with the seeds' settings: the loop's own cost
         "compile": False,
         "kernels": "torch",
@@ -56,12 +61,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "activation_checkpointing": True,
     },
     "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
-    # whole-document rows (mode fixed) through causal SDPA instead of varlen (kernels._causal_rows)
-    "gpuval-cudnn": {"row_kernel": "cudnn"},
-    "gpuval-flash": {"row_kernel": "flash"},
-    "gpuval-cudnn-mb3": {"row_kernel": "cudnn", "micro_batch_size": 3},  # 3 sequences per step
+    "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
 }
-DEFAULT_VARIANTS = ("seeds", "gpuval", "gpuval-no-compile", "gpuval-mb1", "gpuval-packed")
+DEFAULT_VARIANTS = ("seeds", "gpuval", "gpuval-mb2", "gpuval-varlen", "gpuval-packed")
+GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
 
 
 def main() -> int:
@@ -72,6 +75,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--records", type=int, default=3000)
+    parser.add_argument("--sequences-per-step", type=int, default=6, help="global batch, both sides")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--profile", help="profile this variant too: trace, operator table beside --output")
@@ -87,7 +91,7 @@ def main() -> int:
         command = [sys.executable, __file__, "--one", name, "--output", str(args.output)]
         if name == args.profile:
             command += ["--profile", name]
-        for flag in ("model", "tokenizer", "seq_len", "steps", "warmup", "records"):
+        for flag in ("model", "tokenizer", "seq_len", "steps", "warmup", "records", "sequences_per_step"):
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         proc = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -116,7 +120,7 @@ def main() -> int:
             "steps": args.steps,
             "warmup": args.warmup,
             "recipe": RECIPE,
-            "sequences_per_step": 2,
+            "sequences_per_step": args.sequences_per_step,
         },
         "variants": results,
         "ratio_to_seeds": ratios,
@@ -152,6 +156,10 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         **RECIPE,
         **VARIANTS[name],
     }
+    micro = options.setdefault("micro_batch_size", GPU_MICRO_BATCH)
+    if args.sequences_per_step % micro:
+        raise SystemExit(f"--sequences-per-step {args.sequences_per_step} is not a multiple of {micro}")
+    options["grad_accum_steps"] = args.sequences_per_step // micro
     if args.profile == name:  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
         options["profile_dir"] = str(args.output.resolve().parent / f"profile-{name}")
     with tempfile.TemporaryDirectory() as folder:
@@ -190,10 +198,16 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     )
     tokenizer = load_tokenizer(args.tokenizer)
     docs = [encode(c, tokenizer, args.seq_len) for c in synthetic_conversations(options)]
-    packs = pack_with_stats(docs, args.seq_len).packs[:2]  # bench train's global batch of 2 sequences
+    count = args.sequences_per_step  # bench train's global batch: its first packs, the same every step
+    if count % 2:
+        raise SystemExit(
+            f"--sequences-per-step {count}: the seeds' per-device batch is 2, give an even number"
+        )
+    packs = pack_with_stats(docs, args.seq_len).packs[:count]
     input_ids = torch.tensor([p.input_ids for p in packs], device=device)
     labels = torch.tensor([p.labels for p in packs], device=device)
-    assert input_ids.shape == (2, args.seq_len), input_ids.shape
+    assert input_ids.shape == (count, args.seq_len), input_ids.shape
+    accumulation = count // 2
 
     torch.manual_seed(0)
     model = load_model(args.model, torch.bfloat16, device=device).to(device)
@@ -214,16 +228,20 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     for _step in range(args.warmup + args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=input_ids, labels=labels).loss  # HF's shifted mean cross-entropy
-        loss.backward()
+        step_loss = torch.zeros((), device=device)  # summed on the GPU: no sync inside the step
+        for micro in range(accumulation):  # per-device batch 2, the loss averaged over the micro-batches
+            rows = slice(2 * micro, 2 * micro + 2)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=input_ids[rows], labels=labels[rows]).loss  # HF's shifted mean CE
+            (loss / accumulation).backward()
+            step_loss += loss.detach() / accumulation
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
-        losses.append(float(loss))
+        losses.append(float(step_loss))
     timed = times[args.warmup :]
     tokens = input_ids.numel()
     rates = [tokens / t for t in timed]
@@ -240,7 +258,12 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
         "loss_first": losses[0],
         "loss_last": statistics.fmean(losses[-2:]),
-        "params": {"micro_batch_size": 2, "activation_checkpointing": True, "attention": "sdpa"},
+        "params": {
+            "micro_batch_size": 2,
+            "grad_accum_steps": accumulation,
+            "activation_checkpointing": True,
+            "attention": "sdpa",
+        },
     }
 
 

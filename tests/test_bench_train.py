@@ -29,6 +29,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "packing_efficiency": 0.9,
         "peak_memory_gib": None,
         "attention": "sdpa",
+        "row_kernel": "varlen",
         "kernels": "torch",
         "fused_loss": False,
     }

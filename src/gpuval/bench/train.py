@@ -6,8 +6,9 @@ rank), builds a fine-tune config from its options and calls `gpuval.finetune.tra
 `warmup_steps` are not counted. Every step is timed with
 CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
 
-On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 2, varlen
-attention, Liger's fused linear + cross-entropy, compiled decoder layers, no activation checkpointing;
+On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 3, varlen
+attention (cuDNN's causal kernel for whole-document rows on Hopper), Liger's fused linear +
+cross-entropy, compiled decoder layers, no activation checkpointing;
 `--set compile=false`, `kernels=torch`, `attention=sdpa`, `activation_checkpointing=true` take them away.
 
 - `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
@@ -83,7 +84,7 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         return {
             "model": "qwen2-7b-shape",
             "seq_len": 4096,
-            "micro_batch_size": 2,  # 50 GiB without checkpointing with the fused loss (NOTES.md)
+            "micro_batch_size": 3,  # 64 GiB without checkpointing with the fused loss (NOTES.md)
             "compile": True,
             "records": 3000,
             "steps": 4 if quick else 10,

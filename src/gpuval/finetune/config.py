@@ -105,7 +105,7 @@ class TrainSettings(_Strict):
     row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
         "auto",
         description="with varlen attention, rows that are one whole document each (fixed-length data): "
-        "cudnn or flash (causal SDPA per row with that backend) or varlen; auto: varlen",
+        "cudnn or flash (causal SDPA per row with that backend) or varlen; auto: cudnn on Hopper",
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
