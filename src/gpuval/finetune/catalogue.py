@@ -11,8 +11,9 @@ data measures whether a model copies arguments from the request instead of recal
 Enum values and booleans are closed sets fixed by the schema: they are drawn from all of their values.
 
 A third part, **synthetic**, is for pretraining the bundled tiny model only: a listed text value becomes a
-made-up one of the same shape (letter runs replaced by random letters, case and punctuation kept: "ORD" ->
-"KWT", "Cape Town" -> "Rilo Vadf"), never one of the holdout values; numbers and dates come from the train
+made-up one of the same shape (letter runs replaced by random letters and digits by random digits, case
+and punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"), never one of the holdout values;
+numbers and dates come from the train
 part. With a dozen cities per pool, recalling a value is easier than copying it from the request; made-up
 values can only be copied, which is the skill the holdout evaluation asks for.
 """
@@ -225,7 +226,9 @@ def pool_part(pool_name: str, part: ValuePart) -> list[Any]:
 
 
 def made_up_like(example: str, rng: random.Random) -> str:
-    """`example` with every run of letters replaced by random letters of the same length and case."""
+    """`example` with every run of letters replaced by random letters of the same length and case, and
+    every digit by a random digit ("1Z02694242" -> "1Z57130968"): no part of a train value survives to
+    be recalled instead of copied."""
 
     def letters(match: re.Match[str]) -> str:
         run = match.group(0)
@@ -234,7 +237,8 @@ def made_up_like(example: str, rng: random.Random) -> str:
             return out.upper()
         return out.capitalize() if run[0].isupper() else out
 
-    return re.sub(r"[^\W\d_]+", letters, example)
+    made = re.sub(r"[^\W\d_]+", letters, example)
+    return re.sub(r"\d", lambda _match: rng.choice(string.digits), made)
 
 
 def _made_up(pool_name: str, rng: random.Random, k: int | None) -> Any:

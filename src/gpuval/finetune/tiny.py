@@ -4,8 +4,8 @@ Qwen2 config (6 layers, hidden 128), and weights pretrained by the project (~3 M
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
     python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pretrain-steps N]
-The shipped weights: 5,000 steps of 32 x 1024 tokens on one H100 in about eight minutes
-(benchmarks/tiny_pretrain_device.sh; log in benchmarks/results/h100x1-2026-11-22/tiny-pretrain/). On a CPU
+The shipped weights: PRETRAIN_STEPS steps of 32 x 1024 tokens on one H100 in about eight minutes
+(benchmarks/tiny_pretrain_device.sh; logs under benchmarks/results/*/tiny-pretrain/). On a CPU
 the same run takes hours.
 
 What the base model learns, and what it does not: it is pretrained, with the loss on the replies only, on
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -132,9 +134,12 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
-PRETRAIN_RECORDS = 40000
+# About one pass over the records in PRETRAIN_STEPS (~700 tokens a text): every made-up value is met about
+# once, so it cannot be memorised, only copied. (40,000 records, five passes, gave a base that recalled
+# and garbled unseen values: benchmarks/results/cpu-finetune-2026-11-22-tokenizer2.)
+PRETRAIN_RECORDS = 130000
 PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
-PRETRAIN_STEPS = 5000
+PRETRAIN_STEPS = 4000
 PRETRAIN_SEQ = 1024
 PRETRAIN_BATCH = 32
 PRETRAIN_LR = 3e-3
@@ -142,13 +147,13 @@ PRETRAIN_WARMUP = 50
 
 
 def pretrain_texts(n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED) -> list[str]:
-    """Records in Glaive's raw text format, plus the tool-free ones again in the Qwen chat template: half
-    with train-part values, half with made-up text values (catalogue.py, "synthetic") that can only be
-    copied from the request, never recalled."""
+    """Records in Glaive's raw text format, plus the tool-free ones again in the Qwen chat template: a
+    quarter with train-part values, three quarters with made-up text values (catalogue.py, "synthetic")
+    that can only be copied from the request, never recalled."""
     template = _tool_template()
     texts = []
-    drawn = synth_records(n - n // 2, seed, values="train")
-    drawn += synth_records(n // 2, seed + 1, values="synthetic")
+    drawn = synth_records(n - n * 3 // 4, seed, values="train")
+    drawn += synth_records(n * 3 // 4, seed + 1, values="synthetic")
     for record in drawn:
         texts.append(f"{record['system']}\n\n{record['chat']}")
         example = convert_record(record)
@@ -190,10 +195,11 @@ def pretrain(
     from gpuval.finetune.train import data_order
 
     tokenizer = AutoTokenizer.from_pretrained(str(output))
-    docs = []
-    for text in pretrain_texts(records):
-        ids, labels = label_spans(tokenizer, text, reply_spans(text))
-        docs.append({"input_ids": ids, "labels": labels})
+    texts = pretrain_texts(records)
+    with multiprocessing.get_context("fork").Pool(
+        min(16, os.cpu_count() or 1), _init_encoder, (str(output),)
+    ) as workers:
+        docs = workers.map(_encode, texts, chunksize=512)
     packs = pack(docs, PRETRAIN_SEQ)
     log(f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device}")
     torch.manual_seed(PRETRAIN_SEED)
@@ -231,6 +237,21 @@ def pretrain(
             log(f"pretrain step {step + 1}/{steps} loss {loss.item():.4f}")
     model.to("cpu", torch.bfloat16).save_pretrained(str(output), safe_serialization=True)
     return output
+
+
+_ENCODER: Any = None  # the tokenizer of a pretraining data worker (_init_encoder)
+
+
+def _init_encoder(folder: str) -> None:
+    global _ENCODER
+    from transformers import AutoTokenizer
+
+    _ENCODER = AutoTokenizer.from_pretrained(folder)
+
+
+def _encode(text: str) -> dict[str, list[int]]:
+    ids, labels = label_spans(_ENCODER, text, reply_spans(text))
+    return {"input_ids": ids, "labels": labels}
 
 
 def write_tiny_model(output: Path = TINY_MODEL_DIR) -> Path:
