@@ -11,11 +11,12 @@ data measures whether a model copies arguments from the request instead of recal
 Enum values and booleans are closed sets fixed by the schema: they are drawn from all of their values.
 
 A third part, **synthetic**, is for pretraining the bundled tiny model only: a listed text value becomes a
-made-up one of the same shape (letter runs replaced by random letters and digits by random digits, case
-and punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"), never one of the holdout values;
-numbers and dates come from the train
-part. With a dozen cities per pool, recalling a value is easier than copying it from the request; made-up
-values can only be copied, which is the skill the holdout evaluation asks for.
+made-up one of the same shape (half: letter runs replaced by random letters and digits by random digits,
+case and punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"; half: a near miss of a train value
+with one or two characters changed, "potatoes" -> "potatxes"), never one of the holdout values;
+numbers and dates come from the train part. With a dozen cities per pool, recalling a value is easier
+than copying it from the request; made-up values can only be copied, which is the skill the holdout
+evaluation asks for.
 """
 
 from __future__ import annotations
@@ -241,14 +242,32 @@ def made_up_like(example: str, rng: random.Random) -> str:
     return re.sub(r"\d", lambda _match: rng.choice(string.digits), made)
 
 
+def near_miss(example: str, rng: random.Random) -> str:
+    """`example` with one letter or digit changed (two in values longer than six characters), case kept:
+    "potatoes" -> "potatxes". The held-out values the tiny model fails to copy share pieces with values it
+    knows ("potaexa" for "potatoes"); a near miss can only be reproduced by copying, not by recall."""
+    chars = list(example)
+    spots = [i for i, c in enumerate(chars) if c.isalnum()]
+    if not spots:
+        return example
+    for i in rng.sample(spots, min(len(spots), 2 if len(example) > 6 else 1)):
+        c = chars[i]
+        pool = string.digits if c.isdigit() else string.ascii_lowercase
+        new = rng.choice(pool.replace(c.lower(), ""))
+        chars[i] = new.upper() if c.isupper() else new
+    return "".join(chars)
+
+
 def _made_up(pool_name: str, rng: random.Random, k: int | None) -> Any:
     held = set(pool_part(pool_name, "holdout"))
     train = pool_part(pool_name, "train")
 
     def one() -> str:
         while True:
-            value = made_up_like(rng.choice(train), rng)
-            if value not in held:
+            example = rng.choice(train)
+            # Half wholly made up, half a near miss of a real value: copying must beat a familiar word.
+            value = made_up_like(example, rng) if rng.random() < 0.5 else near_miss(example, rng)
+            if value not in held and value != example:
                 return value
 
     if k is None:
