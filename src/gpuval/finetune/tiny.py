@@ -134,9 +134,10 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
-# About one pass over the records in PRETRAIN_STEPS (~700 tokens a text): every made-up value is met about
-# once, so it cannot be memorised, only copied. (40,000 records, five passes, gave a base that recalled
-# and garbled unseen values: benchmarks/results/cpu-finetune-2026-11-22-tokenizer2.)
+# About two passes over the records in PRETRAIN_STEPS (156,205 documents in 55,846 packs, 128,000 packs
+# drawn): a made-up value is met about twice, too rarely to be memorised instead of copied. (40,000
+# records read many more times gave a base that recalled and garbled unseen values:
+# benchmarks/results/cpu-finetune-2026-11-22-tokenizer2.)
 PRETRAIN_RECORDS = 130000
 PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
 PRETRAIN_STEPS = 4000
