@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections import Counter
 
 import pytest
 
-from gpuval.finetune.catalogue import BY_NAME, CATALOGUE, POOLS, pool_part
+from gpuval.finetune.catalogue import BY_NAME, CATALOGUE, POOLS, MadeUp, pieces_like, pool_part
 from gpuval.finetune.glaive import convert_record
 from gpuval.finetune.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, synth_records
 
@@ -103,3 +104,40 @@ def test_calls_draw_values_from_one_part_and_the_request_holds_them(part):
                         assert str(item) in user, (call, key, user)  # a model can copy it from the request
                         checked += 1
     assert checked > 200
+
+
+def test_made_up_values_are_copyable_and_never_real():
+    """Pretraining's made-up values (tiny.py): in the request, so copyable; never a value of the pools, so
+    never recallable; with word pieces, about half are built from them."""
+    pieces = ("zor", "quel", "mip")
+    made = from_pieces = 0
+    for record in synth_records(300, seed=3, values=MadeUp(pieces)):
+        user = ""
+        for message in convert_record(record)["messages"]:
+            user = message["content"] if message["role"] == "user" else user
+            for call in message.get("tool_calls", ()):
+                for key, value in call["arguments"].items():
+                    param = {p.name: p for p in BY_NAME[call["name"]].params}[key]
+                    if param.type == "boolean" or param.enum or not POOLS[param.pool].text:
+                        continue
+                    for item in value if isinstance(value, list) else [value]:
+                        assert item not in pool_part(param.pool, "all"), (call, key)
+                        assert item in user, (call, key, user)
+                        made += 1
+                        from_pieces += any(piece in item.lower() for piece in pieces)
+    assert made > 100
+    assert 0.3 < from_pieces / made < 0.7
+
+
+def test_pieces_like_keeps_case_digits_and_address_shape():
+    rng = random.Random(0)
+    for _ in range(50):
+        letters = set("abcde .'&,-s")  # the pieces' letters, and the marks a value may gain
+        upper = pieces_like("ORD", rng, ("ab", "cde"))
+        assert re.match(r"[ABCDE]{3}", upper) and set(upper.lower()) <= letters, upper
+        title = pieces_like("Cape Town", rng, ("ab", "cde"))
+        assert title[0] in "AC" and title[1] in "bd" and set(title.lower()) <= letters, title
+        url = pieces_like("https://docs.python.org/3/", rng, ("ab", "cde"))
+        assert re.fullmatch(r"[abcde]{5,}://[abcde]{4,}\.[abcde]{6,}\.[abcde]{3,}/3/", url), url
+        email = pieces_like("kenji@example.com", rng, ("ab", "cde"))
+        assert re.fullmatch(r"[abcde]{5,}@[abcde]{7,}\.[abcde]{3,}", email), email

@@ -16,7 +16,10 @@ case and punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"; half: a n
 with one or two characters changed, "potatoes" -> "potatxes"), never one of the holdout values;
 numbers and dates come from the train part. With a dozen cities per pool, recalling a value is easier
 than copying it from the request; made-up values can only be copied, which is the skill the holdout
-evaluation asks for.
+evaluation asks for. Given word pieces (`MadeUp(pieces)`: the tiny tokenizer's alphabetic tokens), half of
+the made-up values are built from them instead ("Cape Town" -> "Brokern Tealing"): a held-out word is
+written with tokens that no train value leaves whole ("broccoli" -> bro|cc|ol|i), and a model copies only
+the tokens whose embeddings it has trained.
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ from datetime import date, timedelta
 from typing import Any, Literal
 
 ValuePart = Literal["train", "holdout", "all", "synthetic"]
+
+
+@dataclass(frozen=True)
+class MadeUp:
+    """The "synthetic" part with word pieces to build made-up values from (see the module's docstring)."""
+
+    pieces: tuple[str, ...]
+
+
+Values = ValuePart | MadeUp
 HOLDOUT_EVERY = 4
 
 
@@ -258,15 +271,55 @@ def near_miss(example: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
-def _made_up(pool_name: str, rng: random.Random, k: int | None) -> Any:
+# Punctuation inside held-out values ("St. John's", "Ursula K. Le Guin") that a pool's train part may lack.
+# (No comma: a list's items are written "a, b and c" in requests.)
+INNER_MARKS = (". ", "'s ", "'", "-")
+
+
+def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
+    """`example` with every run of letters replaced by random word `pieces` joined to about the run's
+    length, case kept; sometimes a word more, or a mark from INNER_MARKS inside: how many words a value
+    has, and where it ends, must be read from the request too."""
+
+    def word(length: int) -> str:
+        out = rng.choice(pieces)
+        while len(out) < length:
+            out += rng.choice(pieces)
+        return out
+
+    def letters(match: re.Match[str]) -> str:
+        run = match.group(0)
+        out = word(len(run)).lower()
+        if run.isupper():
+            return out.upper()
+        return out.capitalize() if run[0].isupper() else out
+
+    made = re.sub(r"[^\W\d_]+", letters, example)
+    if "/" in example or "@" in example:  # addresses keep their shape
+        return made
+    if rng.random() < 0.25:
+        made += rng.choice((" ", *INNER_MARKS)) + word(rng.randint(2, 8))
+    if " " in made and rng.random() < 0.25:
+        at = rng.choice([i for i, c in enumerate(made) if c == " "])
+        made = made[:at] + rng.choice(INNER_MARKS) + made[at + 1 :]
+    return made
+
+
+def _made_up(pool_name: str, rng: random.Random, k: int | None, pieces: Sequence[str] = ()) -> Any:
     held = set(pool_part(pool_name, "holdout"))
     train = pool_part(pool_name, "train")
 
     def one() -> str:
         while True:
             example = rng.choice(train)
-            # Half wholly made up, half a near miss of a real value: copying must beat a familiar word.
-            value = made_up_like(example, rng) if rng.random() < 0.5 else near_miss(example, rng)
+            # Wholly made up, or a near miss of a real value (copying must beat a familiar word); with
+            # pieces, half of them built from word pieces.
+            if pieces and rng.random() < 0.5:
+                value = pieces_like(example, rng, pieces)
+            elif rng.random() < 0.5:
+                value = made_up_like(example, rng)
+            else:
+                value = near_miss(example, rng)
             if value not in held and value != example:
                 return value
 
@@ -280,12 +333,12 @@ def _made_up(pool_name: str, rng: random.Random, k: int | None) -> Any:
     return values
 
 
-def draw(pool_name: str, rng: random.Random, part: ValuePart, k: int | None = None) -> Any:
+def draw(pool_name: str, rng: random.Random, part: Values, k: int | None = None) -> Any:
     """One value of `part` of the pool, or a list of `k` distinct ones."""
     pool = POOLS[pool_name]
-    if part == "synthetic":
+    if part == "synthetic" or isinstance(part, MadeUp):
         if pool.text:
-            return _made_up(pool_name, rng, k)
+            return _made_up(pool_name, rng, k, part.pieces if isinstance(part, MadeUp) else ())
         part = "train"
     size = _part_size(pool, part)
     if size == 0:

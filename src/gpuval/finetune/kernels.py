@@ -147,6 +147,11 @@ def varlen_attention(
         from torch.nn.attention.varlen import varlen_attn
 
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (T, H, D) views, no copy
+        if torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
+            # fp32 weights under autocast (tiny.pretrain): RoPE's fp32 cos/sin promote q and k; the flash
+            # kernel takes bf16/fp16 only, as SDPA under autocast would run it
+            half = torch.get_autocast_dtype("cuda")
+            q, k, v = q.to(half), k.to(half), v.to(half)
         extra: dict[str, Any] = dict(_VARLEN_CAUSAL)
         if heads != kv_heads:
             if _VARLEN_GQA:

@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, Param, ValuePart, draw
+from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, Param, Values, draw
 
 SYSTEM_WITH_TOOLS = (
     "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -"
@@ -78,12 +78,12 @@ WELCOME = (
 )
 
 
-def synth_records(n: int, seed: int = 0, values: ValuePart = "all") -> list[dict[str, str]]:
+def synth_records(n: int, seed: int = 0, values: Values = "all") -> list[dict[str, str]]:
     """`n` Glaive records, deterministic for (seed, values)."""
     return [synth_record(seed, index, values) for index in range(n)]
 
 
-def synth_record(seed: int, index: int, values: ValuePart = "all") -> dict[str, str]:
+def synth_record(seed: int, index: int, values: Values = "all") -> dict[str, str]:
     rng = random.Random(f"gpuval-synth:{seed}:{index}")
     kind = rng.choices(list(KIND_WEIGHTS), weights=list(KIND_WEIGHTS.values()))[0]
     if kind == "no_tools":
@@ -121,7 +121,7 @@ def _assistant(text: str) -> str:
     return f"ASSISTANT: {text}{END_OF_TEXT}"
 
 
-def _call_turns(tools: list[FunctionSpec], rng: random.Random, values: ValuePart) -> list[str]:
+def _call_turns(tools: list[FunctionSpec], rng: random.Random, values: Values) -> list[str]:
     turns = _one_call(tools[0], rng, values)
     if len(tools) > 1 and rng.random() < 0.2:
         turns += _one_call(tools[1], rng, values)
@@ -132,7 +132,7 @@ def _call_turns(tools: list[FunctionSpec], rng: random.Random, values: ValuePart
     return turns
 
 
-def _one_call(spec: FunctionSpec, rng: random.Random, values: ValuePart) -> list[str]:
+def _one_call(spec: FunctionSpec, rng: random.Random, values: Values) -> list[str]:
     arguments = _arguments(spec, rng, values)
     texts = {p.name: _text(p, arguments[p.name]) for p in spec.params if p.name in arguments}
     request = rng.choice(spec.asks).format(**texts) + "".join(
@@ -153,7 +153,7 @@ def _one_call(spec: FunctionSpec, rng: random.Random, values: ValuePart) -> list
     ]
 
 
-def _arguments(spec: FunctionSpec, rng: random.Random, values: ValuePart) -> dict[str, Any]:
+def _arguments(spec: FunctionSpec, rng: random.Random, values: Values) -> dict[str, Any]:
     arguments: dict[str, Any] = {}
     for param in spec.params:
         if not param.required and rng.random() >= OPTIONAL_PROBABILITY:
@@ -167,7 +167,7 @@ def _arguments(spec: FunctionSpec, rng: random.Random, values: ValuePart) -> dic
     return arguments
 
 
-def _value(param: Param, rng: random.Random, values: ValuePart) -> Any:
+def _value(param: Param, rng: random.Random, values: Values) -> Any:
     if param.type == "boolean":
         return rng.random() < 0.5
     if param.enum:
@@ -203,7 +203,7 @@ def _refusal_turns(tools: list[FunctionSpec], rng: random.Random) -> list[str]:
     ]
 
 
-def _no_tools_turns(rng: random.Random, values: ValuePart) -> list[str]:
+def _no_tools_turns(rng: random.Random, values: Values) -> list[str]:
     turns: list[str] = []
     for _ in range(2 if rng.random() < 0.3 else 1):
         if rng.random() < 0.3:
@@ -223,7 +223,7 @@ def render_records(records: list[dict[str, str]], fmt: Literal["jsonl", "json"])
 
 
 def write_synth(
-    n: int, output: Path, seed: int = 0, fmt: Literal["jsonl", "json"] = "jsonl", values: ValuePart = "all"
+    n: int, output: Path, seed: int = 0, fmt: Literal["jsonl", "json"] = "jsonl", values: Values = "all"
 ) -> Path:
     """Synthesise `n` records into `output` (written atomically); bad paths are usage errors."""
     from gpuval.atomic import ensure_writable_dir, write_text_atomic

@@ -3,10 +3,12 @@ Qwen2 config (6 layers, hidden 128), and weights pretrained by the project (~3 M
 
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
-    python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pretrain-steps N]
-The shipped weights: PRETRAIN_STEPS steps of 32 x 1024 tokens on one H100 in about eight minutes
-(benchmarks/tiny_pretrain_device.sh; logs under benchmarks/results/*/tiny-pretrain/). On a CPU
-the same run takes hours.
+    python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
+The shipped weights (2026-11-23): `--pieces --stop-after 2862` on one H100, i.e. 2,862 steps of the
+4,000-step schedule (32 x 1,024 tokens a step; the run stopped there at its device time limit, so the
+schedule's last 28 % never ran), about five minutes with compiled layers
+(benchmarks/tiny_pretrain_device.sh; logs and scores under benchmarks/results/h100x1-2026-11-23/
+tiny-pretrain-pieces/). On a CPU the same run takes hours.
 
 What the base model learns, and what it does not: it is pretrained, with the loss on the replies only, on
 synthetic conversations in Glaive's own text format (`USER:` / `ASSISTANT: <functioncall> {...}`) and on
@@ -16,8 +18,10 @@ makes no parsable call, as Qwen2-7B-Instruct's own template knows no tools (REFE
 format is the fine-tune's job, and evaluation measures it.
 
 Neither the tokenizer nor the pretraining sees a held-out argument value (catalogue.py): the tokenizer and
-half the pretraining records use the "train" part of every pool, the other half made-up text values
-("synthetic") that can only be copied from the request.
+a quarter of the pretraining records use the "train" part of every pool, the rest made-up text values
+("synthetic") that can only be copied from the request. With `--pieces`, half of those are built from the
+vocabulary's word pieces: a held-out word is written with pieces no train value leaves whole ("broccoli"
+-> bro|cc|ol|i), whose embeddings the model otherwise barely trains, and then it cannot copy them.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import json
 import multiprocessing
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
+from gpuval.finetune.catalogue import MadeUp, Values
 from gpuval.finetune.glaive import convert_record
-from gpuval.finetune.synth import synth_records
+from gpuval.finetune.synth import synth_record, synth_records
 from gpuval.finetune.template import (
     END_OF_TEXT,
     IM_END,
@@ -147,15 +153,32 @@ PRETRAIN_LR = 3e-3
 PRETRAIN_WARMUP = 50
 
 
-def pretrain_texts(n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED) -> list[str]:
-    """Records in Glaive's raw text format, plus the tool-free ones again in the Qwen chat template: a
-    quarter with train-part values, three quarters with made-up text values (catalogue.py, "synthetic")
-    that can only be copied from the request, never recalled."""
+def word_pieces(tokenizer: Any) -> tuple[str, ...]:
+    """The vocabulary's tokens of two letters or more, to make up values from (catalogue.MadeUp)."""
+    return tuple(
+        piece
+        for piece in (tokenizer.decode([i]) for i in range(len(tokenizer)))
+        if len(piece) > 1 and piece.isalpha()
+    )
+
+
+def pretrain_plan(
+    n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED, pieces: tuple[str, ...] = ()
+) -> list[tuple[Values, int, int, int]]:
+    """The pretraining records as `(values, seed, start, stop)` ranges of synth_record indices: a quarter
+    with train-part values, three quarters with made-up text values (catalogue.py, "synthetic"; half of
+    them built from word `pieces` when given) that can only be copied from the request."""
+    made_up: Values = MadeUp(pieces) if pieces else "synthetic"
+    return [("train", seed, 0, n - n * 3 // 4), (made_up, seed + 1, 0, n * 3 // 4)]
+
+
+def record_texts(values: Values, seed: int, start: int, stop: int) -> list[str]:
+    """Records `start..stop` in Glaive's raw text format, plus the tool-free ones again in the Qwen chat
+    template."""
     template = _tool_template()
     texts = []
-    drawn = synth_records(n - n * 3 // 4, seed, values="train")
-    drawn += synth_records(n * 3 // 4, seed + 1, values="synthetic")
-    for record in drawn:
+    for index in range(start, stop):
+        record = synth_record(seed, index, values)
         texts.append(f"{record['system']}\n\n{record['chat']}")
         example = convert_record(record)
         if not example["tools"]:
@@ -163,6 +186,14 @@ def pretrain_texts(n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED) -> list
                 template.render(messages=example["messages"], tools=None, add_generation_prompt=False)
             )
     return texts
+
+
+def _chunks(plan: list[tuple[Values, int, int, int]], size: int) -> list[tuple[Values, int, int, int]]:
+    return [
+        (values, seed, at, min(at + size, stop))
+        for values, seed, start, stop in plan
+        for at in range(start, stop, size)
+    ]
 
 
 GLAIVE_REPLY = re.compile(r"ASSISTANT:(.*?)(?:<\|endoftext\|>|$)", re.S)
@@ -184,58 +215,79 @@ def pretrain(
     records: int = PRETRAIN_RECORDS,
     batch_size: int = PRETRAIN_BATCH,
     log: Any = print,
+    time_limit_s: float | None = None,
+    pieces: bool = False,
+    stop_after: int | None = None,
 ) -> Path:
-    """Full-parameter training of the tiny config on the replies of `pretrain_texts`, saved as bf16
-    safetensors. On a GPU (`device="cuda"`, bf16 autocast) the shipped budget takes about a minute."""
+    """Full-parameter training of the tiny config on the replies of `pretrain_texts` (made-up values from
+    word pieces too when `pieces`), saved as bf16 safetensors. On a GPU: bf16 autocast, each decoder layer
+    compiled and a fused AdamW, since a step of this small model costs its kernel launches, not its math."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from gpuval.finetune.kernels import flatten_for_varlen, use_varlen_attention
     from gpuval.finetune.optim import lr_factor
-    from gpuval.finetune.packing import collate, document_mask, pack
-    from gpuval.finetune.train import data_order
+    from gpuval.finetune.packing import collate, pack
+    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.train import _to, data_order
 
+    started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))
-    texts = pretrain_texts(records)
+    plan = pretrain_plan(records, PRETRAIN_SEED, word_pieces(tokenizer) if pieces else ())
     with multiprocessing.get_context("fork").Pool(
         min(16, os.cpu_count() or 1), _init_encoder, (str(output),)
-    ) as workers:
-        docs = workers.map(_encode, texts, chunksize=512)
+    ) as workers:  # records are made, rendered and tokenized in the workers, in order
+        docs = [doc for chunk in workers.map(_encode_records, _chunks(plan, 500)) for doc in chunk]
     packs = pack(docs, PRETRAIN_SEQ)
-    log(f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device}")
+    log(
+        f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device} "
+        f"({time.monotonic() - started:.0f} s to make and tokenize)"
+    )
     torch.manual_seed(PRETRAIN_SEED)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(output))).to(device)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01)
+    on_gpu = device.startswith("cuda")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01, fused=on_gpu)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, PRETRAIN_WARMUP, steps)
     )
-    on_gpu = device.startswith("cuda")
+    # Attention per document, as fine-tuning does (kernels.py): flash-attention varlen on a GPU, SDPA per
+    # document on a CPU (faster there than one dense (seq, seq) mask); no mask exists at all.
+    use_varlen_attention(model, "varlen")
+    if on_gpu:
+        for layer in decoder_layers(model):
+            layer.compile()
+    order = data_order(len(packs), PRETRAIN_SEED, 0, steps * batch_size)
     for step in range(steps):
         batch = collate(
-            [packs[i] for i in data_order(len(packs), PRETRAIN_SEED, step * batch_size, batch_size)],
+            [packs[i] for i in order[step * batch_size : (step + 1) * batch_size]],
             tokenizer.pad_token_id,
             PRETRAIN_SEQ,
             with_mask=False,
         )
-        batch = {key: value.to(device, non_blocking=True) for key, value in batch.items()}
-        # The (batch, 1, seq, seq) mask is built where the model runs: 64 MB per step at 32 x 1024.
-        mask_dtype = torch.bfloat16 if on_gpu else torch.float32
-        batch["attention_mask"] = document_mask(batch.pop("segments"), mask_dtype)
+        # one bound for the longest document, so the compiled layers never recompile for it
+        flat = flatten_for_varlen(batch, max_length=PRETRAIN_SEQ if on_gpu else None)
+        inputs = {key: _to(value, device) for key, value in flat.items()}
+        labels = inputs.pop("labels")
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu):
-            logits = model(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"],
-            ).logits
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten())
+            logits = model(**inputs, use_cache=False).logits  # a KV cache in training only recompiles
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
+        elapsed = time.monotonic() - started
         if step % 100 == 0 or step == steps - 1:
-            log(f"pretrain step {step + 1}/{steps} loss {loss.item():.4f}")
+            log(f"pretrain step {step + 1}/{steps} loss {loss.item():.4f} at {elapsed:.0f} s")
+        # Stopping early keeps what is done (a device call's time limit, or a run that stopped so repeated)
+        if time_limit_s is not None and elapsed > time_limit_s:
+            log(f"pretrain stopped at step {step + 1}/{steps}: over the {time_limit_s:.0f} s time limit")
+            break
+        if stop_after is not None and step + 1 == stop_after:
+            log(f"pretrain stopped at step {step + 1}/{steps} (--stop-after)")
+            break
     model.to("cpu", torch.bfloat16).save_pretrained(str(output), safe_serialization=True)
     return output
 
@@ -255,7 +307,11 @@ def _encode(text: str) -> dict[str, list[int]]:
     return {"input_ids": ids, "labels": labels}
 
 
-def write_tiny_model(output: Path = TINY_MODEL_DIR) -> Path:
+def _encode_records(part: tuple[Values, int, int, int]) -> list[dict[str, list[int]]]:
+    return [_encode(text) for text in record_texts(*part)]
+
+
+def write_tiny_model(output: Path = TINY_MODEL_DIR, hidden_size: int = TINY_CONFIG["hidden_size"]) -> Path:
     """Train the tokenizer and write it, its chat template and the model config to `output`."""
     from transformers import PreTrainedTokenizerFast
 
@@ -271,6 +327,11 @@ def write_tiny_model(output: Path = TINY_MODEL_DIR) -> Path:
     tokenizer.save_pretrained(str(output))
     config = {
         **TINY_CONFIG,
+        # Another width keeps the shape: heads of 32, an MLP three times as wide.
+        "hidden_size": hidden_size,
+        "intermediate_size": 3 * hidden_size,
+        "num_attention_heads": hidden_size // 32,
+        "num_key_value_heads": hidden_size // 64,
         "vocab_size": len(tokenizer),
         "bos_token_id": tokenizer.convert_tokens_to_ids(END_OF_TEXT),
         "eos_token_id": tokenizer.convert_tokens_to_ids(IM_END),
@@ -287,9 +348,30 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--records", type=int, default=PRETRAIN_RECORDS)
     parser.add_argument("--batch-size", type=int, default=PRETRAIN_BATCH)
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds; stop and save after them")
+    parser.add_argument(
+        "--stop-after", type=int, default=None, help="steps of the schedule to train, then save"
+    )
+    parser.add_argument(
+        "--hidden-size", type=int, default=TINY_CONFIG["hidden_size"], help="a multiple of 64"
+    )
+    parser.add_argument(
+        "--pieces", action="store_true", help="half the made-up values from the vocabulary's word pieces"
+    )
     args = parser.parse_args()
-    write_tiny_model(args.output)
-    print(pretrain(args.output, args.pretrain_steps, args.device, args.records, args.batch_size))
+    write_tiny_model(args.output, args.hidden_size)
+    print(
+        pretrain(
+            args.output,
+            args.pretrain_steps,
+            args.device,
+            args.records,
+            args.batch_size,
+            time_limit_s=args.time_limit,
+            pieces=args.pieces,
+            stop_after=args.stop_after,
+        )
+    )
 
 
 def _cuda() -> bool:
