@@ -17,9 +17,10 @@ with one or two characters changed, "potatoes" -> "potatxes"), never one of the 
 numbers and dates come from the train part. With a dozen cities per pool, recalling a value is easier
 than copying it from the request; made-up values can only be copied, which is the skill the holdout
 evaluation asks for. Given word pieces (`MadeUp(pieces)`: the tiny tokenizer's alphabetic tokens), half of
-the made-up values are built from them instead ("Cape Town" -> "Brokern Tealing"): a held-out word is
-written with tokens that no train value leaves whole ("broccoli" -> bro|cc|ol|i), and a model copies only
-the tokens whose embeddings it has trained.
+the made-up values are built from them instead ("Cape Town" -> "Brokern Tealing", now and then with an
+accented letter, an initial or a possessive): a held-out word is written with tokens that no train value
+leaves whole ("broccoli" -> bro|cc|ol|i), and a model copies only the tokens whose embeddings it has
+trained. With pieces, half the numbers are made up too (1144.5 -> 7302.8), so that numbers are copied.
 """
 
 from __future__ import annotations
@@ -271,20 +272,29 @@ def near_miss(example: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
-# Punctuation inside held-out values ("St. John's", "Ursula K. Le Guin") that a pool's train part may lack.
-# (No comma: a list's items are written "a, b and c" in requests.)
-INNER_MARKS = (". ", "'s ", "'", "-")
+# Punctuation inside held-out values ("St. John's", "Ursula K. Le Guin") that a pool's train part may lack;
+# a full stop only after an initial, never last: a value that may run on after ". " teaches a model to copy
+# the request's full stop ("Germany."). No comma: a list's items are written "a, b and c" in requests.
+INNER_MARKS = ("'s ", "'", "-")
+# Letters of held-out names ("Kraków") that no train value has: their UTF-8 bytes are tokens of their own.
+ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýś"
 
 
 def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
     """`example` with every run of letters replaced by random word `pieces` joined to about the run's
-    length, case kept; sometimes a word more, or a mark from INNER_MARKS inside: how many words a value
-    has, and where it ends, must be read from the request too."""
+    length, case kept, now and then with an accented letter; sometimes a word more, an initial ("K. ")
+    or a mark from INNER_MARKS inside: how many words a value has, and where it ends, must be read from
+    the request too."""
+
+    address = "/" in example or "@" in example  # keeps its shape, and ASCII
 
     def word(length: int) -> str:
         out = rng.choice(pieces)
         while len(out) < length:
             out += rng.choice(pieces)
+        if not address and rng.random() < 0.1:
+            at = rng.randrange(len(out))
+            out = out[:at] + rng.choice(ACCENTED) + out[at + 1 :]
         return out
 
     def letters(match: re.Match[str]) -> str:
@@ -295,14 +305,24 @@ def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
         return out.capitalize() if run[0].isupper() else out
 
     made = re.sub(r"[^\W\d_]+", letters, example)
-    if "/" in example or "@" in example:  # addresses keep their shape
+    if address:
         return made
     if rng.random() < 0.25:
         made += rng.choice((" ", *INNER_MARKS)) + word(rng.randint(2, 8))
     if " " in made and rng.random() < 0.25:
         at = rng.choice([i for i, c in enumerate(made) if c == " "])
-        made = made[:at] + rng.choice(INNER_MARKS) + made[at + 1 :]
+        mark = rng.choice((*INNER_MARKS, f" {rng.choice(string.ascii_uppercase)}. "))
+        made = made[:at] + mark + made[at + 1 :]
     return made
+
+
+def number_like(example: int | float, rng: random.Random) -> int | float:
+    """A number of `example`'s shape with random digits (the first never 0; 1144.5 -> 7302.8): numbers can
+    be copied, not recalled, and the decimal digit is one more token to copy."""
+    sign, text = ("-", str(example)[1:]) if example < 0 else ("", str(example))
+    made = sign + rng.choice("123456789")
+    made += "".join(rng.choice(string.digits) if c.isdigit() else c for c in text[1:])
+    return float(made) if isinstance(example, float) else int(made)
 
 
 def _made_up(pool_name: str, rng: random.Random, k: int | None, pieces: Sequence[str] = ()) -> Any:
@@ -339,6 +359,9 @@ def draw(pool_name: str, rng: random.Random, part: Values, k: int | None = None)
     if part == "synthetic" or isinstance(part, MadeUp):
         if pool.text:
             return _made_up(pool_name, rng, k, part.pieces if isinstance(part, MadeUp) else ())
+        if isinstance(part, MadeUp) and _numeric(pool) and rng.random() < 0.5:
+            made = [number_like(draw(pool_name, rng, "train"), rng) for _ in range(k or 1)]
+            return made if k is not None else made[0]
         part = "train"
     size = _part_size(pool, part)
     if size == 0:
@@ -346,6 +369,11 @@ def draw(pool_name: str, rng: random.Random, part: Values, k: int | None = None)
     if k is None:
         return pool.value(_part_index(rng.randrange(size), part))
     return [pool.value(_part_index(j, part)) for j in rng.sample(range(size), min(k, size))]
+
+
+def _numeric(pool: Pool) -> bool:
+    first = pool.value(0)
+    return isinstance(first, int | float) and not isinstance(first, bool)
 
 
 @dataclass(frozen=True)

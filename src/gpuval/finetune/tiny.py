@@ -4,7 +4,8 @@ Qwen2 config (6 layers, hidden 128), and weights pretrained by the project (~3 M
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
     python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
-The shipped weights (2026-11-23): `--pieces --stop-after 2862` on one H100, i.e. 2,862 steps of the
+The shipped weights (2026-11-23): at commit b2d21b9, `--pieces --stop-after 2862` on one H100 (later
+commits changed the made-up values: numbers, accents, initials), i.e. 2,862 steps of the
 4,000-step schedule (32 x 1,024 tokens a step; the run stopped there at its device time limit, so the
 schedule's last 28 % never ran), about five minutes with compiled layers
 (benchmarks/tiny_pretrain_device.sh; logs and scores under benchmarks/results/h100x1-2026-11-23/
