@@ -69,3 +69,24 @@ def test_three_real_ranks_find_the_corrupting_one(tmp_path, bad, expected_fail):
         assert failed == [] and {c["status"] for c in checks} == {"PASS"}
     else:
         assert len(failed) == 1 and failed[0].endswith(f"/{bad}")  # the scope names the bad rank
+
+
+def test_a_cpu_fingerprint_runs_on_one_thread_whatever_the_process_uses(monkeypatch):
+    """A CPU BLAS may choose its blocking by thread count and load: the CPU chain runs single-threaded,
+    and the process's own thread count is left as it was."""
+    import torch
+
+    import gpuval.sdc as sdc
+
+    seen: list[int] = []
+    tanh = torch.tanh
+    monkeypatch.setattr(torch, "tanh", lambda x: (seen.append(torch.get_num_threads()), tanh(x))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = sdc.device_result(torch.device("cpu"), "cpu:n1/0", size=64, steps=3)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1] * 6  # three steps, two runs
+    assert result["first"] == result["second"]

@@ -34,6 +34,21 @@ def _inputs(size: int) -> tuple[Any, Any]:
 def _fingerprint(device: Any, size: int, steps: int) -> str:
     import torch
 
+    if device.type == "cpu":
+        # One thread: a CPU BLAS may pick its thread count, and with it its blocking, from the machine's
+        # load, so a busy CPU gave two runs that differed (a CI run, 2026-11-23) with nothing wrong.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _chain(device, size, steps)
+        finally:
+            torch.set_num_threads(threads)
+    return _chain(device, size, steps)
+
+
+def _chain(device: Any, size: int, steps: int) -> str:
+    import torch
+
     a, b = _inputs(size)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     x, w = a.to(device, dtype), b.to(device, dtype)
