@@ -132,3 +132,8 @@ def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     assert len(losses) == 2 and losses[1] < losses[0] - 0.2, losses
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
     assert model.config.vocab_size == len(load_tokenizer(str(tmp_path)))
+    # --stop-after: the first steps of a longer schedule, saved (how the shipped weights are repeated)
+    lines.clear()
+    pretrain(tmp_path, steps=6, records=300, batch_size=2, log=lines.append, stop_after=2)
+    assert [line for line in lines if " loss " in line][-1].startswith("pretrain step 1/6")
+    assert lines[-1] == "pretrain stopped at step 2/6 (--stop-after)"
