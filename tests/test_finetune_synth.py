@@ -155,6 +155,10 @@ def test_number_like_keeps_sign_length_and_decimals():
 
 def test_pieces_like_keeps_case_digits_and_address_shape():
     rng = random.Random(0)
+    titles = [pieces_like("Cape Town", rng, ("ab", "cde")) for _ in range(200)]
+    # "St. John's" is held out: a full stop inside a name, after an abbreviation, must be copied too
+    assert 5 < sum(bool(re.match(r"[A-Z][a-z]{1,2}\. ", t)) for t in titles) < 40
+    assert not any(re.match(r"[a-z]{1,3}\. ", pieces_like("broccoli", rng, ("ab",))) for _ in range(200))
     for _ in range(50):
         upper = pieces_like("ORD", rng, ("ab", "cde"))
         assert re.match(r"[^\W\d_]{3,}", upper).group(0).isupper(), upper

@@ -283,8 +283,8 @@ ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýś"
 def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
     """`example` with every run of letters replaced by random word `pieces` joined to about the run's
     length, case kept, now and then with an accented letter; sometimes a word more, an initial ("K. ")
-    or a mark from INNER_MARKS inside: how many words a value has, and where it ends, must be read from
-    the request too."""
+    or a mark from INNER_MARKS inside, or an abbreviation before a name ("Mt. "): how many words a value
+    has, and where it ends, must be read from the request too."""
 
     address = "/" in example or "@" in example  # keeps its shape, and ASCII
 
@@ -313,7 +313,15 @@ def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
         at = rng.choice([i for i, c in enumerate(made) if c == " "])
         mark = rng.choice((*INNER_MARKS, f" {rng.choice(string.ascii_uppercase)}. "))
         made = made[:at] + mark + made[at + 1 :]
+    if example[0].isupper() and not example.isupper() and rng.random() < 0.1:
+        made = f"{_abbreviation(rng)}. {made}"  # "St. John's": a full stop that does not end the value
     return made
+
+
+def _abbreviation(rng: random.Random) -> str:
+    return rng.choice(string.ascii_uppercase) + "".join(
+        rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 2))
+    )
 
 
 def number_like(example: int | float, rng: random.Random) -> int | float:
