@@ -14,6 +14,7 @@ from gpuval.finetune.catalogue import (
     CATALOGUE,
     POOLS,
     MadeUp,
+    draw,
     number_like,
     pieces_like,
     pool_part,
@@ -114,12 +115,15 @@ def test_calls_draw_values_from_one_part_and_the_request_holds_them(part):
     assert checked > 200
 
 
-def test_made_up_values_are_copyable_and_never_real():
-    """Pretraining's made-up values (tiny.py): in the request, so copyable; text values never a value of
-    the pools, so never recallable, about half built from the word pieces; numbers made up half the time."""
+@pytest.mark.parametrize("with_pieces", [False, True])
+def test_made_up_values_are_copyable_and_never_real(with_pieces):
+    """Made-up values (pretraining, tiny.py; the CPU demo's fine-tuning): in the request, so copyable;
+    text values never a value of the pools, so never recallable, about half built from the word pieces
+    when given; numbers made up half the time; no value, text or number, ever a held-out one."""
     pieces = ("zor", "quel", "mip")
     made = from_pieces = numbers = made_numbers = 0
-    for record in synth_records(300, seed=3, values=MadeUp(pieces)):
+    values = MadeUp(pieces) if with_pieces else "synthetic"
+    for record in synth_records(300, seed=3, values=values):
         user = ""
         for message in convert_record(record)["messages"]:
             user = message["content"] if message["role"] == "user" else user
@@ -130,6 +134,7 @@ def test_made_up_values_are_copyable_and_never_real():
                         continue
                     for item in value if isinstance(value, list) else [value]:
                         assert str(item) in user, (call, key, user)
+                        assert item not in pool_part(param.pool, "holdout"), (call, key)
                         if isinstance(item, int | float):
                             numbers += 1
                             made_numbers += item not in pool_part(param.pool, "all")
@@ -138,9 +143,17 @@ def test_made_up_values_are_copyable_and_never_real():
                             made += 1
                             from_pieces += any(piece in item.lower() for piece in pieces)
     assert made > 100 and numbers > 100
-    assert 0.3 < from_pieces / made < 0.7
+    assert 0.3 < from_pieces / made < 0.7 if with_pieces else from_pieces == 0
     # Half are made up, but the pools are dense ranges (1 to 10 days): only some land outside them.
     assert made_numbers / numbers > 0.15
+
+
+def test_a_made_up_number_is_never_a_held_out_one():
+    """number_like of 2,000 train prices lands on a held-out x.5 now and then; draw() makes another."""
+    rng = random.Random(5)
+    held = set(pool_part("price", "holdout"))
+    assert any(number_like(rng.choice(pool_part("price", "train")), rng) in held for _ in range(2000))
+    assert not any(draw("price", rng, "synthetic") in held for _ in range(4000))
 
 
 def test_number_like_keeps_sign_length_and_decimals():

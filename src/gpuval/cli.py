@@ -576,8 +576,11 @@ def finetune_synth(
     seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
     format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
     values: Annotated[
-        Literal["all", "train", "holdout"],
-        typer.Option(help="argument value pools: train and holdout never share a value"),
+        Literal["all", "train", "holdout", "synthetic"],
+        typer.Option(
+            help="argument value pools: train and holdout never share a value; synthetic: made-up values, "
+            "never held-out ones"
+        ),
     ] = "all",
 ) -> int:
     """Synthetic function-calling records in Glaive v2's own format, quirks included."""

@@ -10,21 +10,24 @@ synthesised with `values="holdout"` (any seeds) share no open-ended value: an ev
 data measures whether a model copies arguments from the request instead of recalling them.
 Enum values and booleans are closed sets fixed by the schema: they are drawn from all of their values.
 
-A third part, **synthetic**, is for pretraining the bundled tiny model only: a listed text value becomes a
-made-up one of the same shape (half: letter runs replaced by random letters and digits by random digits,
-case and punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"; half: a near miss of a train value
-with one or two characters changed, "potatoes" -> "potatxes"), never one of the holdout values;
-numbers and dates come from the train part. With a dozen cities per pool, recalling a value is easier
-than copying it from the request; made-up values can only be copied, which is the skill the holdout
-evaluation asks for. Given word pieces (`MadeUp(pieces)`: the tiny tokenizer's alphabetic tokens), half of
-the made-up values are built from them instead ("Cape Town" -> "Brokern Tealing", now and then with an
-accented letter, an initial or a possessive): a held-out word is written with tokens that no train value
-leaves whole ("broccoli" -> bro|cc|ol|i), and a model copies only the tokens whose embeddings it has
-trained. With pieces, half the numbers are made up too (1144.5 -> 7302.8), so that numbers are copied.
+A third part, **synthetic**, teaches copying: for pretraining the bundled tiny model, and as the CPU
+demo's fine-tuning data (configs/finetune/tiny-cpu.yaml). A listed text value becomes a made-up one of the
+same shape (half: letter runs replaced by random letters and digits by random digits, case and
+punctuation kept: "ORD" -> "KWT", "Cape Town" -> "Rilo Vadf"; half: a near miss of a train value with one
+or two characters changed, "potatoes" -> "potatxes"); half the numbers are made up (1144.5 -> 7302.8),
+the others and dates come from the train part; never is one a holdout value. With a dozen cities per
+pool, recalling a value is easier than copying it from the request; made-up values can only be copied,
+which is the skill the holdout evaluation asks for (and the holdout part's numbers would otherwise differ
+from every train number in a learnable way: the price pool's holdout part is every x.5 of an even x).
+Given word pieces (`MadeUp(pieces)`: the tiny tokenizer's alphabetic tokens), half of the made-up text
+values are built from them instead ("Cape Town" -> "Brokern Tealing", now and then with an accented
+letter, an initial or a possessive): a held-out word is written with tokens that no train value leaves
+whole ("broccoli" -> bro|cc|ol|i), and a model copies only the tokens whose embeddings it has trained.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -333,8 +336,13 @@ def number_like(example: int | float, rng: random.Random) -> int | float:
     return float(made) if isinstance(example, float) else int(made)
 
 
+@functools.cache
+def _held(pool_name: str) -> frozenset[Any]:
+    return frozenset(pool_part(pool_name, "holdout"))
+
+
 def _made_up(pool_name: str, rng: random.Random, k: int | None, pieces: Sequence[str] = ()) -> Any:
-    held = set(pool_part(pool_name, "holdout"))
+    held = _held(pool_name)
     train = pool_part(pool_name, "train")
 
     def one() -> str:
@@ -367,8 +375,8 @@ def draw(pool_name: str, rng: random.Random, part: Values, k: int | None = None)
     if part == "synthetic" or isinstance(part, MadeUp):
         if pool.text:
             return _made_up(pool_name, rng, k, part.pieces if isinstance(part, MadeUp) else ())
-        if isinstance(part, MadeUp) and _numeric(pool) and rng.random() < 0.5:
-            made = [number_like(draw(pool_name, rng, "train"), rng) for _ in range(k or 1)]
+        if _numeric(pool) and rng.random() < 0.5:
+            made = [_made_up_number(pool_name, rng) for _ in range(k or 1)]
             return made if k is not None else made[0]
         part = "train"
     size = _part_size(pool, part)
@@ -377,6 +385,15 @@ def draw(pool_name: str, rng: random.Random, part: Values, k: int | None = None)
     if k is None:
         return pool.value(_part_index(rng.randrange(size), part))
     return [pool.value(_part_index(j, part)) for j in rng.sample(range(size), min(k, size))]
+
+
+def _made_up_number(pool_name: str, rng: random.Random) -> int | float:
+    """A number_like one of a train value, never a held-out value (1144.5 is held out: its digits may
+    come up again only in the held-out records)."""
+    while True:
+        made = number_like(draw(pool_name, rng, "train"), rng)
+        if made not in _held(pool_name):
+            return made
 
 
 def _numeric(pool: Pool) -> bool:
