@@ -132,7 +132,7 @@ def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     assert len(losses) == 2 and losses[1] < losses[0] - 0.2, losses
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path))
     assert model.config.vocab_size == len(load_tokenizer(str(tmp_path)))
-    # --stop-after: the first steps of a longer schedule, saved (how the shipped weights are repeated)
+    # --stop-after: the first steps of a longer schedule, saved (how a run cut at a time limit is repeated)
     lines.clear()
     pretrain(tmp_path, steps=6, records=300, batch_size=2, log=lines.append, stop_after=2)
     assert [line for line in lines if " loss " in line][-1].startswith("pretrain step 1/6")

@@ -4,12 +4,10 @@ Qwen2 config (6 layers, hidden 128), and weights pretrained by the project (~3 M
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
     python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
-The shipped weights (2026-11-23): at commit b2d21b9, `--pieces --stop-after 2862` on one H100 (later
-commits changed the made-up values: numbers, accents, initials), i.e. 2,862 steps of the
-4,000-step schedule (32 x 1,024 tokens a step; the run stopped there at its device time limit, so the
-schedule's last 28 % never ran), about five minutes with compiled layers
-(benchmarks/tiny_pretrain_device.sh; logs and scores under benchmarks/results/h100x1-2026-11-23/
-tiny-pretrain-pieces/). On a CPU the same run takes hours.
+The shipped weights (2026-11-23): at commit dab48fa, `--pieces` on one H100, the whole 4,000-step schedule
+(32 x 1,024 tokens a step) in about four minutes with compiled layers (benchmarks/tiny_pretrain_device.sh;
+logs and scores under benchmarks/results/h100x1-2026-11-23/tiny-pretrain-synthetic/, run4). On a CPU the
+same run takes hours.
 
 What the base model learns, and what it does not: it is pretrained, with the loss on the replies only, on
 synthetic conversations in Glaive's own text format (`USER:` / `ASSISTANT: <functioncall> {...}`) and on
@@ -19,10 +17,11 @@ makes no parsable call, as Qwen2-7B-Instruct's own template knows no tools (REFE
 format is the fine-tune's job, and evaluation measures it.
 
 Neither the tokenizer nor the pretraining sees a held-out argument value (catalogue.py): the tokenizer and
-a quarter of the pretraining records use the "train" part of every pool, the rest made-up text values
-("synthetic") that can only be copied from the request. With `--pieces`, half of those are built from the
-vocabulary's word pieces: a held-out word is written with pieces no train value leaves whole ("broccoli"
--> bro|cc|ol|i), whose embeddings the model otherwise barely trains, and then it cannot copy them.
+a quarter of the pretraining records use the "train" part of every pool, the rest made-up values
+("synthetic", never a held-out one) that can only be copied from the request. With `--pieces`, half of
+the made-up text values are built from the vocabulary's word pieces: a held-out word is written with
+pieces no train value leaves whole ("broccoli" -> bro|cc|ol|i), whose embeddings the model otherwise
+barely trains, and then it cannot copy them.
 """
 
 from __future__ import annotations
