@@ -35,9 +35,9 @@ def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tmp_
     # After 150 LoRA steps the tuned model calls, names the function and fills in values it never saw.
     tuned = holdout["tuned"]
     assert tuned["call_recall"] >= 0.9  # 1.0 measured on the 2-core dev CPU
-    # 0.675 measured (27 of 40) with made-up training values and the full-schedule base (0.725 with the
+    # 0.70 measured (28 of 40) with made-up training values and the full-schedule base (0.725 with the
     # train values and the base before; 0.475 with the first word-level base)
     assert tuned["exact_call_accuracy"] >= 0.55, tuned
-    assert tuned["argument_f1"] >= 0.7, tuned  # 0.79 measured (0.87 and 0.67 with the ones before)
+    assert tuned["argument_f1"] >= 0.7, tuned  # 0.85 measured (0.87 and 0.67 with the ones before)
     for split in ("eval", "eval_unseen"):
         assert splits[split]["tuned"]["exact_call_accuracy"] > splits[split]["base"]["exact_call_accuracy"]

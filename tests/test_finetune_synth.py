@@ -10,11 +10,13 @@ from collections import Counter
 import pytest
 
 from gpuval.finetune.catalogue import (
+    ACCENTED,
     BY_NAME,
     CATALOGUE,
     POOLS,
     MadeUp,
     draw,
+    made_up_like,
     number_like,
     pieces_like,
     pool_part,
@@ -164,6 +166,18 @@ def test_number_like_keeps_sign_length_and_decimals():
             assert type(made) is type(example) and (made < 0) == (example < 0)
             assert len(str(made)) <= len(str(example)), (example, made)  # 5.90 prints as 5.9
             assert str(abs(made))[0] != "0", made
+
+
+def test_made_up_like_adds_a_query_or_an_accent_now_and_then():
+    """Held-out "https://example.net/shop?item=42" and "Kraków" have shapes no train value has."""
+    rng = random.Random(2)
+    urls = [made_up_like("https://docs.python.org/3/", rng) for _ in range(200)]
+    assert 20 < sum(bool(re.fullmatch(r"[a-z]{5}://[a-z.]+/\d/\?[a-z]{1,6}=\d{1,3}", u)) for u in urls) < 90
+    assert all(re.fullmatch(r"[a-z]{5}://[a-z]{4}\.[a-z]{6}\.[a-z]{3}/\d/(\?[a-z]+=\d+)?", u) for u in urls)
+    cities = [made_up_like("Cape Town", rng) for _ in range(200)]
+    assert 5 < sum(any(c in ACCENTED for c in city) for city in cities) < 40
+    emails = [made_up_like("kenji@example.com", rng) for _ in range(100)]
+    assert all(re.fullmatch(r"[a-z]{5}@[a-z]{7}\.[a-z]{3}", e) for e in emails)
 
 
 def test_pieces_like_keeps_case_digits_and_address_shape():

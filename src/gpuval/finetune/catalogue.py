@@ -246,7 +246,7 @@ def pool_part(pool_name: str, part: ValuePart) -> list[Any]:
 def made_up_like(example: str, rng: random.Random) -> str:
     """`example` with every run of letters replaced by random letters of the same length and case, and
     every digit by a random digit ("1Z02694242" -> "1Z57130968"): no part of a train value survives to
-    be recalled instead of copied."""
+    be recalled instead of copied. Now and then a URL gains a query, another value an accented letter."""
 
     def letters(match: re.Match[str]) -> str:
         run = match.group(0)
@@ -256,7 +256,18 @@ def made_up_like(example: str, rng: random.Random) -> str:
         return out.capitalize() if run[0].isupper() else out
 
     made = re.sub(r"[^\W\d_]+", letters, example)
-    return re.sub(r"\d", lambda _match: rng.choice(string.digits), made)
+    made = re.sub(r"\d", lambda _match: rng.choice(string.digits), made)
+    # Shapes the train values lack but a request may hold: a URL's query ("?item=42"), a letter with an
+    # accent ("Kraków"); rare, so that most values keep their example's shape.
+    if "://" in made and "?" not in made and rng.random() < 0.25:
+        key = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(1, 6)))
+        made += f"?{key}={rng.randint(1, 999)}"
+    elif not re.search(r"[/@]", made) and rng.random() < 0.1:
+        spots = [i for i, c in enumerate(made) if "a" <= c <= "z"]
+        if spots:
+            at = rng.choice(spots)
+            made = made[:at] + rng.choice(ACCENTED) + made[at + 1 :]
+    return made
 
 
 def near_miss(example: str, rng: random.Random) -> str:
