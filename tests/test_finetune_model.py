@@ -137,3 +137,8 @@ def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     pretrain(tmp_path, steps=6, records=300, batch_size=2, log=lines.append, stop_after=2)
     assert [line for line in lines if " loss " in line][-1].startswith("pretrain step 1/6")
     assert lines[-1] == "pretrain stopped at step 2/6 (--stop-after)"
+    # --seed: another draw of the same recipe (records, initial weights, data order), so another first loss
+    first = [line for line in lines if " loss " in line][0]
+    lines.clear()
+    pretrain(tmp_path, steps=6, records=300, batch_size=2, log=lines.append, stop_after=2, seed=7)
+    assert [line for line in lines if " loss " in line][0] != first

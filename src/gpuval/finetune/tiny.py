@@ -218,10 +218,13 @@ def pretrain(
     time_limit_s: float | None = None,
     pieces: bool = False,
     stop_after: int | None = None,
+    seed: int = PRETRAIN_SEED,
 ) -> Path:
     """Full-parameter training of the tiny config on the replies of `pretrain_texts` (made-up values from
-    word pieces too when `pieces`), saved as bf16 safetensors. On a GPU: bf16 autocast, each decoder layer
-    compiled and a fused AdamW, since a step of this small model costs its kernel launches, not its math."""
+    word pieces too when `pieces`), saved as bf16 safetensors. `seed` draws the records, the initial
+    weights and the data order, so that draws of one recipe can be compared. On a GPU: bf16 autocast, each
+    decoder layer compiled and a fused AdamW, since a step of this small model costs its kernel launches,
+    not its math."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -234,7 +237,7 @@ def pretrain(
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))
-    plan = pretrain_plan(records, PRETRAIN_SEED, word_pieces(tokenizer) if pieces else ())
+    plan = pretrain_plan(records, seed, word_pieces(tokenizer) if pieces else ())
     with multiprocessing.get_context("fork").Pool(
         min(16, os.cpu_count() or 1), _init_encoder, (str(output),)
     ) as workers:  # records are made, rendered and tokenized in the workers, in order
@@ -244,7 +247,7 @@ def pretrain(
         f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device} "
         f"({time.monotonic() - started:.0f} s to make and tokenize)"
     )
-    torch.manual_seed(PRETRAIN_SEED)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(output))).to(device)
     model.train()
     on_gpu = device.startswith("cuda")
@@ -258,7 +261,7 @@ def pretrain(
     if on_gpu:
         for layer in decoder_layers(model):
             layer.compile()
-    order = data_order(len(packs), PRETRAIN_SEED, 0, steps * batch_size)
+    order = data_order(len(packs), seed, 0, steps * batch_size)
     for step in range(steps):
         batch = collate(
             [packs[i] for i in order[step * batch_size : (step + 1) * batch_size]],
@@ -358,6 +361,9 @@ def main() -> None:
     parser.add_argument(
         "--pieces", action="store_true", help="half the made-up values from the vocabulary's word pieces"
     )
+    parser.add_argument(
+        "--seed", type=int, default=PRETRAIN_SEED, help="records, initial weights and data order"
+    )
     args = parser.parse_args()
     write_tiny_model(args.output, args.hidden_size)
     print(
@@ -370,6 +376,7 @@ def main() -> None:
             time_limit_s=args.time_limit,
             pieces=args.pieces,
             stop_after=args.stop_after,
+            seed=args.seed,
         )
     )
 
