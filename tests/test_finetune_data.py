@@ -209,3 +209,41 @@ def test_cli_prepare_bad_input(gpuval, assert_usage_error, tmp_path, setup, args
 def test_cli_synth_into_a_directory_is_a_usage_error(gpuval, assert_usage_error, tmp_path):
     proc = gpuval(["finetune", "synth", "--n", "3", "--output", "."], tmp_path)
     assert_usage_error(proc, "is a directory")
+
+
+def test_cli_synth_pieces_values_are_made_up_from_the_tokenizers_word_pieces(
+    gpuval, assert_usage_error, tmp_path
+):
+    """`--values pieces` (tiny-cpu.yaml's `synth.values`): the made-up values of "synthetic", half the text
+    ones built from the tokenizer's word pieces, exactly what catalogue.MadeUp makes from them."""
+    from gpuval.finetune.catalogue import MadeUp
+    from gpuval.finetune.model import load_tokenizer
+    from gpuval.finetune.synth import write_synth
+    from gpuval.finetune.tiny import word_pieces
+
+    for values in ("pieces", "synthetic"):
+        proc = gpuval(
+            ["finetune", "synth", "--n", "60", "--values", values, "--output", f"{values}.jsonl"], tmp_path
+        )
+        assert proc.returncode == 0, proc.stderr
+    pieces = MadeUp(word_pieces(load_tokenizer("tiny")))
+    expected = write_synth(60, tmp_path / "expected.jsonl", 0, "jsonl", pieces).read_text(encoding="utf-8")
+    made = (tmp_path / "pieces.jsonl").read_text(encoding="utf-8")
+    assert made == expected and made != (tmp_path / "synthetic.jsonl").read_text(encoding="utf-8")
+    proc = gpuval(
+        [
+            "finetune",
+            "synth",
+            "--n",
+            "3",
+            "--values",
+            "pieces",
+            "--tokenizer",
+            "./nowhere",
+            "--output",
+            "x.jsonl",
+        ],
+        tmp_path,
+    )
+    assert_usage_error(proc, "'./nowhere' does not exist")
+    assert not (tmp_path / "x.jsonl").exists()

@@ -576,17 +576,21 @@ def finetune_synth(
     seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
     format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
     values: Annotated[
-        Literal["all", "train", "holdout", "synthetic"],
+        Literal["all", "train", "holdout", "synthetic", "pieces"],
         typer.Option(
             help="argument value pools: train and holdout never share a value; synthetic: made-up values, "
-            "never held-out ones"
+            "never held-out ones; pieces: the same, half the text ones from --tokenizer's word pieces"
         ),
     ] = "all",
+    tokenizer: Annotated[
+        str, typer.Option(help="tokenizer folder or name whose word pieces --values pieces uses")
+    ] = "tiny",
 ) -> int:
     """Synthetic function-calling records in Glaive v2's own format, quirks included."""
     from gpuval.finetune.synth import write_synth
+    from gpuval.finetune.tiny import value_part
 
-    path = write_synth(n, output, seed, format_, values)
+    path = write_synth(n, output, seed, format_, value_part(values, tokenizer))
     err_console.print(f"wrote {n} records to {path}", markup=False, highlight=False)
     return EXIT_PASS
 

@@ -52,10 +52,11 @@ class DataSettings(_Strict):
 class SynthSettings(_Strict):
     n: StrictInt = Field(ge=1, description="synthetic Glaive records for training and in-distribution eval")
     seed: StrictInt = Field(0, description="seed of the training records")
-    values: Literal["all", "train", "holdout", "synthetic"] = Field(
+    values: Literal["all", "train", "holdout", "synthetic", "pieces"] = Field(
         "train",
         description="argument value pool part; 'synthetic': made-up values, never held-out ones, that can "
-        "only be copied from the request",
+        "only be copied from the request; 'pieces': the same, half the text ones built from the "
+        "tokenizer's word pieces",
     )
     holdout_n: StrictInt = Field(
         0, ge=0, description="extra records with held-out argument values, for the 'holdout_values' split"

@@ -45,10 +45,12 @@ def make_data(cfg: FinetuneConfig, log: Any = print) -> None:
     from gpuval.atomic import write_text_atomic
     from gpuval.finetune.data import prepare
     from gpuval.finetune.synth import write_synth
+    from gpuval.finetune.tiny import value_part
 
     train_source, holdout_source = synth_paths(cfg)
     if cfg.synth:
-        write_synth(cfg.synth.n, train_source, cfg.synth.seed, "jsonl", cfg.synth.values)
+        values = value_part(cfg.synth.values, cfg.tokenizer_source)
+        write_synth(cfg.synth.n, train_source, cfg.synth.seed, "jsonl", values)
         log(f"synth: {cfg.synth.n} records ({cfg.synth.values} values) -> {train_source}")
     if cfg.prepare:
         p = cfg.prepare

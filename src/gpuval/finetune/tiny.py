@@ -165,6 +165,17 @@ def word_pieces(tokenizer: Any) -> tuple[str, ...]:
     )
 
 
+def value_part(values: str, tokenizer: str | Path) -> Values:
+    """A synth `values` setting as catalogue.draw takes it: "pieces" is the "synthetic" part with half the
+    made-up text values built from `tokenizer`'s word pieces, as pretraining with `--pieces` makes them;
+    any other setting is itself."""
+    if values != "pieces":
+        return values  # type: ignore[return-value]
+    from gpuval.finetune.model import load_tokenizer
+
+    return MadeUp(word_pieces(load_tokenizer(tokenizer)))
+
+
 def pretrain_plan(
     n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED, pieces: tuple[str, ...] = ()
 ) -> list[tuple[Values, int, int, int]]:
