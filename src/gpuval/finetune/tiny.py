@@ -233,6 +233,7 @@ def pretrain(
     pieces: bool = False,
     stop_after: int | None = None,
     seed: int = PRETRAIN_SEED,
+    lr: float = PRETRAIN_LR,
 ) -> Path:
     """Full-parameter training of the tiny config on the replies of `pretrain_texts` (made-up values from
     word pieces too when `pieces`), saved as bf16 safetensors. `seed` draws the records, the initial
@@ -259,13 +260,14 @@ def pretrain(
     packs = pack(docs, PRETRAIN_SEQ)
     log(
         f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device} "
-        f"({time.monotonic() - started:.0f} s to make and tokenize)"
+        f"({time.monotonic() - started:.0f} s to make and tokenize); {steps} steps of {batch_size} packs, "
+        f"peak lr {lr:g}, seed {seed}"
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(output))).to(device)
     model.train()
     on_gpu = device.startswith("cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=PRETRAIN_LR, weight_decay=0.01, fused=on_gpu)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=on_gpu)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, PRETRAIN_WARMUP, steps)
     )
@@ -378,6 +380,7 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=int, default=PRETRAIN_SEED, help="records, initial weights and data order"
     )
+    parser.add_argument("--lr", type=float, default=PRETRAIN_LR, help="AdamW's peak learning rate")
     args = parser.parse_args()
     write_tiny_model(args.output, args.hidden_size)
     print(
@@ -391,6 +394,7 @@ def main() -> None:
             pieces=args.pieces,
             stop_after=args.stop_after,
             seed=args.seed,
+            lr=args.lr,
         )
     )
 
