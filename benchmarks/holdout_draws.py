@@ -9,7 +9,10 @@ run's adapter on them with `gpuval finetune eval`, written to a folder of its ow
 stays as it is.
 
     python benchmarks/holdout_draws.py --config configs/finetune/tiny-cpu.yaml --run RUN_DIR \
-        --output DIR [--seeds 2 3] [--records 600]
+        --output DIR [--seeds 2 3] [--records 600] [--set model=DIR ...]
+
+`--set` takes what the run itself was given with `--set` (its base model, above all): the adapter is
+scored on the base it was trained on.
 
 Writes DIR/holdout-seedS.jsonl, DIR/eval.json and DIR/eval_predictions.jsonl (splits named "seedS").
 """
@@ -36,6 +39,14 @@ def main() -> int:
     parser.add_argument(
         "--records", type=int, default=600, help="synthetic records per seed, before the filter"
     )
+    parser.add_argument(
+        "--set",
+        dest="assignments",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override the run was given (e.g. model=DIR), repeatable",
+    )
     args = parser.parse_args()
 
     train = args.run / "data" / "train.jsonl"
@@ -47,7 +58,12 @@ def main() -> int:
         return 2
     seen = set().union(*(functions_named(record) for _line, record in read_jsonl(train, "training data")))
     args.output.mkdir(parents=True, exist_ok=True)
-    sets = ["output=" + str(args.output), "eval.max_examples=null", "eval.base_model=false"]
+    sets = [
+        *args.assignments,
+        "output=" + str(args.output),
+        "eval.max_examples=null",
+        "eval.base_model=false",
+    ]
     for seed in args.seeds:
         source = args.output / f"glaive-seed{seed}.jsonl"
         write_synth(args.records, source, seed, "jsonl", "holdout")

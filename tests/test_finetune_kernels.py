@@ -139,8 +139,8 @@ def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_f
 
 
 def test_device_defaults_and_settings_that_cannot_run_here():
-    assert resolve_attention("auto", on_gpu=False) == "sdpa"
-    assert resolve_attention("varlen", on_gpu=False) == "varlen"  # runs per document on a CPU
+    assert resolve_attention("auto", on_gpu=False) == "varlen"  # runs per document on a CPU
+    assert resolve_attention("sdpa", on_gpu=False) == "sdpa"
     assert resolve_kernels("auto", on_gpu=False) == "torch"
     assert resolve_row_kernel("auto", on_gpu=True) == "varlen"
     assert resolve_row_kernel("flash", on_gpu=False) == "flash"

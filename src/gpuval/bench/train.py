@@ -61,7 +61,7 @@ class TrainBenchOptions(BaseModel):
     )
     activation_checkpointing: bool = False
     attention: Literal["auto", "sdpa", "varlen"] = Field(
-        "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen on a GPU"
+        "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen"
     )
     row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
         "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"

@@ -104,8 +104,8 @@ class TrainSettings(_Strict):
     tensorboard: bool = Field(True, description="write TensorBoard events under OUTPUT/tensorboard")
     attention: Literal["auto", "sdpa", "varlen"] = Field(
         "auto",
-        description="per-document attention: varlen (flash varlen, no mask; GPU), sdpa (dense document "
-        "mask); auto: varlen on a GPU (finetune/kernels.py)",
+        description="per-document attention: varlen (no mask: flash varlen on a GPU, SDPA per document on "
+        "a CPU), sdpa (dense document mask); auto: varlen (finetune/kernels.py)",
     )
     row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
         "auto",

@@ -143,25 +143,41 @@ def evaluate(
     Returns `{"splits": {name: {"tuned": metrics, "base": metrics}}, "predictions": {...}}`.
     """
     has_adapter = hasattr(model, "disable_adapter")
-    variants: list[str] = ["tuned"] + (["base"] if base_too and has_adapter else [])
+    # The base first, with the adapter switched off and unmerged, so its weights are exactly the base's;
+    # then the tuned model with the adapter merged into the weights (PEFT merge_adapter): one matmul per
+    # layer instead of three, the same model up to float rounding. Tiny model, 599 held-out prompts on the
+    # 2-core dev CPU: 47 s instead of 62 s, the same score. The model is unmerged again before it returns.
+    variants: list[str] = (["base"] if base_too and has_adapter else []) + ["tuned"]
     model.eval()
-    result: dict[str, Any] = {"splits": {}, "predictions": {}}
-    for name, records in splits.items():
-        result["splits"][name] = {}
-        for variant in variants:
-            started = time.perf_counter()
-            context = model.disable_adapter() if variant == "base" else nullcontext()
-            with context:
-                metrics, texts = evaluate_split(
-                    model, tokenizer, records, batch_size, max_new_tokens, runtime
+    result: dict[str, Any] = {"splits": {name: {} for name in splits}, "predictions": {}}
+    for variant in variants:
+        merged = variant == "tuned" and has_adapter and hasattr(model, "merge_adapter")
+        if merged:
+            model.merge_adapter()
+        try:
+            for name, records in splits.items():
+                started = time.perf_counter()
+                context = model.disable_adapter() if variant == "base" else nullcontext()
+                with context:
+                    metrics, texts = evaluate_split(
+                        model, tokenizer, records, batch_size, max_new_tokens, runtime
+                    )
+                metrics["seconds"] = round(time.perf_counter() - started, 2)
+                result["splits"][name][variant] = metrics
+                result["predictions"][f"{variant}/{name}"] = texts
+                log(
+                    f"eval {name} ({variant}): {metrics['examples']} examples, {HEADLINE} "
+                    f"{_fmt(metrics[HEADLINE])} in {metrics['seconds']:.1f} s"
                 )
-            metrics["seconds"] = round(time.perf_counter() - started, 2)
-            result["splits"][name][variant] = metrics
-            result["predictions"][f"{variant}/{name}"] = texts
-            log(
-                f"eval {name} ({variant}): {metrics['examples']} examples, {HEADLINE} "
-                f"{_fmt(metrics[HEADLINE])} in {metrics['seconds']:.1f} s"
-            )
+        finally:
+            if merged:
+                model.unmerge_adapter()
+    # split by split, tuned before base, as eval.json, its predictions and the table have them
+    order = [(name, v) for name in splits for v in ("tuned", "base") if v in result["splits"][name]]
+    result["splits"] = {
+        name: {v: result["splits"][name][v] for n, v in order if n == name} for name in splits
+    }
+    result["predictions"] = {f"{v}/{name}": result["predictions"][f"{v}/{name}"] for name, v in order}
     return result
 
 
