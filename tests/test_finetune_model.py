@@ -43,7 +43,9 @@ def test_bundled_files_are_a_few_megabytes_with_bf16_weights():
         "tokenizer.json",
         "tokenizer_config.json",
     ]
-    assert sum(path.stat().st_size for path in TINY_MODEL_DIR.iterdir()) < 4_000_000
+    # "a few MB at most" (issue 4): 6.7 MB since the base is 192 wide (3.2 M bf16 parameters), which took
+    # held-out accuracy 0.895 -> 0.925 (benchmarks/results/cpu-finetune-2026-11-24-wider/)
+    assert sum(path.stat().st_size for path in TINY_MODEL_DIR.iterdir()) < 7_000_000
     from safetensors import safe_open
 
     with safe_open(str(TINY_MODEL_DIR / "model.safetensors"), "pt") as weights:
