@@ -7,7 +7,6 @@ TB/s and GB/s are 1e12 and 1e9 bytes per second.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from pydantic import Field
@@ -15,7 +14,7 @@ from pydantic import Field
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.config import ByteSize
 from gpuval.results import Measurement
-from gpuval.timing import CPU_TIMING, TimedOptions, measure_with
+from gpuval.timing import CPU_TIMING, TimedOptions, Windows, measure_with
 
 
 class MembwOptions(TimedOptions):
@@ -43,12 +42,12 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
     }
 
 
-def _rates(seconds: list[float], bytes_counted: int, scale: float) -> tuple[float, float, float]:
-    """(median, slowest, fastest) rate of calls that each moved `bytes_counted`, in units of `scale`."""
+def _rates(windows: Windows, bytes_counted: int, scale: float) -> tuple[float, float, float]:
+    """(median, slowest, fastest) window's rate of calls that each moved `bytes_counted`, in `scale` units."""
     return (
-        bytes_counted / statistics.median(seconds) / scale,
-        bytes_counted / max(seconds) / scale,
-        bytes_counted / min(seconds) / scale,
+        bytes_counted / windows.median_s / scale,
+        bytes_counted / max(windows.seconds) / scale,
+        bytes_counted / min(windows.seconds) / scale,
     )
 
 
@@ -73,8 +72,8 @@ def run_membw(ctx: Context, options: MembwOptions) -> list[Measurement]:
         ("write", lambda d=dst: d.fill_(1.5), nbytes),
     ):
         ctx.progress(f"membw {label}")
-        times = measure_with(fn, device, options)
-        median, low, high = _rates(times, counted, 1e12)
+        windows = measure_with(fn, device, options)
+        median, low, high = _rates(windows, counted, 1e12)
         results[f"{label}_tbps"], spread[f"{label}_tbps_min"], spread[f"{label}_tbps_max"] = median, low, high
     del src, dst, fn  # the last lambda holds a buffer too
     if on_gpu:
@@ -116,8 +115,8 @@ def _host_copies(ctx: Context, options: MembwOptions) -> dict[str, tuple[float, 
         ("d2h", lambda h=host, d=on_device: h.copy_(d, non_blocking=True)),
     ):
         ctx.progress(f"membw {label}")
-        times = measure_with(fn, ctx.runtime.device, options)
-        rates[label] = _rates(times, host_count * 4, 1e9)
+        windows = measure_with(fn, ctx.runtime.device, options)
+        rates[label] = _rates(windows, host_count * 4, 1e9)
     del host, on_device, fn
     torch.cuda.empty_cache()
     return rates

@@ -6,7 +6,6 @@ number is one link alone. Bytes counted: the buffer once (what crossed the link)
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from pydantic import Field
@@ -47,7 +46,7 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
                 target = torch.empty(count, device=f"cuda:{dst}")
                 with torch.cuda.device(src):
                     # Timed on the source GPU's stream, which performs the copy (cudaMemcpyPeerAsync).
-                    times = measure_with(
+                    windows = measure_with(
                         lambda t=target, s=buffers[src]: t.copy_(s, non_blocking=True),
                         torch.device("cuda", src),
                         options,
@@ -62,13 +61,14 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
                             "dst": dst,
                             "bytes": count * 4,
                             "peer_access": bool(torch.cuda.can_device_access_peer(src, dst)),
+                            "calls_per_window": windows.calls,
                         },
                         metrics={
-                            "copy_gbps": count * 4 / statistics.median(times) / 1e9,
-                            "copy_gbps_min": count * 4 / max(times) / 1e9,
-                            "copy_gbps_max": count * 4 / min(times) / 1e9,
+                            "copy_gbps": count * 4 / windows.median_s / 1e9,
+                            "copy_gbps_min": count * 4 / max(windows.seconds) / 1e9,
+                            "copy_gbps_max": count * 4 / min(windows.seconds) / 1e9,
                         },
-                        samples=len(times),
+                        samples=len(windows.seconds),
                     )
                 )
                 del target
