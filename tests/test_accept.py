@@ -346,25 +346,43 @@ def test_node_scope_parsing_and_failed_nodes():
 
 
 def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
-    """No GPU here but 8 expected: the count fails, collectives are not run, the node's benchmarks SKIP."""
+    """No InfiniBand here but one port expected: the node fails health, collectives are not run, the
+    node's benchmarks SKIP."""
     out = tmp_path / "out"
-    proc = gpuval(["accept", "--quick", "--output", str(out), "--set", "expect.gpu_count=8"], tmp_path)
+    proc = gpuval(["accept", "--quick", "--output", str(out), "--set", "expect.ib_ports=1"], tmp_path)
     assert proc.returncode == 1, proc.stderr
     result = json.loads((out / "result.json").read_text())
     jsonschema.validate(result, json_schema())
     by_name: dict[str, list[dict]] = {}
     for check in result["checks"]:
         by_name.setdefault(check["name"], []).append(check)
-    [count] = by_name["expect.gpu_count"]
-    assert count["status"] == "FAIL" and count["value"] == 0
-    node = count["scope"].split(":", 1)[1]
+    [ports] = by_name["infiniband.ports"]
+    assert ports["status"] == "FAIL" and ports["value"] == 0
+    node = ports["scope"].split(":", 1)[1]
     for name in ("all_reduce.busbw_gbps", "sendrecv.busbw_gbps"):
         [check] = by_name[name]
         assert check["status"] == "SKIP"
-        assert "failed health" in check["detail"] and f"{node}: expect.gpu_count" in check["detail"]
+        assert "failed health" in check["detail"] and f"{node}: infiniband.ports" in check["detail"]
     assert "all_reduce" not in {m["name"] for m in result["measurements"]}  # really not run
     for check in by_name["matmul.fp32_tflops"]:
         assert check["status"] == "SKIP" and f"node {node} failed health" in check["detail"]
+    assert result["verdict"] == "FAIL"
+
+
+def test_gpus_expected_on_a_machine_without_any_run_no_benchmark_on_the_cpu(tmp_path, gpuval):
+    """No GPU here but 8 expected: one rank (not two CPU ranks standing in for GPUs), no benchmark at all,
+    every benchmark check SKIP naming the health check that failed; the verdict is FAIL, within seconds."""
+    out = tmp_path / "out"
+    proc = gpuval(["accept", "--quick", "--output", str(out), "--set", "expect.gpu_count=8"], tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["world"]["size"] == 1 and result["measurements"] == [] and result["duration_s"] < 30
+    [count] = [c for c in result["checks"] if c["name"] == "expect.gpu_count"]
+    assert count["status"] == "FAIL" and count["value"] == 0
+    benchmark_checks = [c for c in result["checks"] if c["name"] in load_profile("cpu").checks]
+    assert benchmark_checks and {c["status"] for c in benchmark_checks} == {"SKIP"}
+    reason = f"{count['scope'].split(':', 1)[1]}: expect.gpu_count FAIL on {count['scope']}"
+    assert all(reason in c["detail"] for c in benchmark_checks)
     assert result["verdict"] == "FAIL"
 
 

@@ -337,9 +337,10 @@ def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monke
         "membw": SimpleNamespace(run=lambda ctx, options: []),
     }
     monkeypatch.setattr(suite, "all_benchmarks", lambda: benchmarks)
-    runtime = SimpleNamespace(rank=1, all_gather_object=lambda obj: [obj])
+    runtime = SimpleNamespace(rank=1, node_name="n1", all_gather_object=lambda obj: [obj])
     outcome = suite.run_benchmarks(runtime, {"matmul": None, "membw": None}, quick=True)
     reason = "matmul failed on rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
     assert outcome.not_run["matmul"] == (Status.ERROR, reason)
     assert outcome.not_run["membw"] == (Status.ERROR, f"not run: an earlier benchmark failed ({reason})")
+    assert outcome.error_nodes == {"matmul": {"n1"}, "membw": {"n1"}}  # where it broke: health may explain it
     assert capsys.readouterr().err == f"gpuval: {reason}\n"

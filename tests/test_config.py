@@ -431,3 +431,47 @@ def test_pick_profile_without_a_match_is_a_usage_error(gpus):
     message = str(info.value)
     assert gpus[0] in message
     assert "--profile" in message
+
+
+@pytest.mark.parametrize(
+    "pci_ids, profile",
+    [
+        pytest.param(["10de:2330"] * 8, "h100-sxm", id="h100-sxm5"),
+        pytest.param(["10de:2335"] * 4, "h200-sxm", id="h200-sxm"),
+        pytest.param(["10DE:2335"], "h200-sxm", id="either-case"),
+    ],
+)
+def test_pick_profile_by_pci_id_when_nvml_cannot_name_the_gpus(pci_ids, profile):
+    """A node whose driver is not loaded still holds its GPUs: never the cpu profile for it."""
+    assert pick_profile([], pci_ids) == profile
+    assert pick_profile(["NVIDIA H100 80GB HBM3"], pci_ids) == "h100-sxm"  # names NVML gives come first
+
+
+@pytest.mark.parametrize(
+    "pci_ids, shown",
+    [
+        pytest.param(["10de:2331"] * 8, "8x 10de:2331", id="h100-pcie"),
+        pytest.param(["10de:2330", "10de:2335"], "1x 10de:2330, 1x 10de:2335", id="mixed"),
+    ],
+)
+def test_pick_profile_with_unknown_pci_ids_is_a_usage_error_naming_them(pci_ids, shown):
+    with pytest.raises(UsageError) as info:
+        pick_profile([], pci_ids)
+    assert str(info.value) == (
+        f"NVML cannot name the GPUs here and no built-in profile matches their PCI ids ({shown}); pass "
+        "--profile NAME or FILE (built-in: cpu, h100-sxm, h200-sxm)"
+    )
+
+
+@pytest.mark.parametrize("recording, name", [("h100x1", "h100-sxm"), ("h200x2", "h200-sxm")])
+def test_builtin_pci_ids_are_what_nvml_reported_on_the_lent_machines(recording, name):
+    """nvmlDeviceGetPciInfo's pciDeviceId is (device << 16) | vendor: 0x233010de on the H100."""
+    from nvml_replay import load
+
+    ids = {device["nvmlDeviceGetPciInfo"]["pciDeviceId"] for device in load(recording)["devices"]}
+    assert [f"{i & 0xFFFF:04x}:{i >> 16:04x}" for i in ids] == load_profile(name).expect.pci_ids
+
+
+def test_pci_ids_must_look_like_lspci_prints_them():
+    with pytest.raises(UsageError, match="expect.pci_ids.0"):
+        load_profile("h100-sxm", ["expect.pci_ids=[0x2330]"])

@@ -161,6 +161,20 @@ def test_a_missing_env_profile_stops_the_job_before_any_step(script, tmp_path):
     ]
 
 
+HEALTHCHECK = str(REPO / "deploy" / "slurm" / "healthcheck.sh")
+
+
+def fake_scontrol(tmp_path: Path) -> tuple[str, Path]:
+    """(PATH with a `scontrol` first that only records its arguments, the file it records them in): the
+    drain the script asks Slurm for, without a Slurm."""
+    folder, calls = tmp_path / "bin", tmp_path / "scontrol.calls"
+    folder.mkdir()
+    tool = folder / "scontrol"
+    tool.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >>"{calls}"\n')
+    tool.chmod(0o755)
+    return f"{folder}:/usr/bin:/bin", calls
+
+
 def test_healthcheck_reads_its_settings_from_a_file_as_slurmd_gives_it_no_environment(tmp_path):
     """slurmd runs HealthCheckProgram with PATH=/bin:/usr/bin and little else; the python3 there has no
     gpuval, so without its settings file the check could never run (and never drain). The file supplies
@@ -168,16 +182,41 @@ def test_healthcheck_reads_its_settings_from_a_file_as_slurmd_gives_it_no_enviro
     log = tmp_path / "log"
     conf = tmp_path / "healthcheck.conf"
     conf.write_text(
-        f"# gpuval health check settings\nGPUVAL_PYTHON={sys.executable}\nGPUVAL_HEALTH_LOG={log}\nTYPO=1\n"
+        f"# gpuval health check settings\nGPUVAL_PYTHON={sys.executable}\nGPUVAL_HEALTH_LOG={log}\n"
+        "GPUVAL_PROFILE=cpu\nTYPO=1\n"
     )
-    script = str(REPO / "deploy" / "slurm" / "healthcheck.sh")
-    bare = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "node1", "GPUVAL_HEALTHCHECK_CONF": str(conf)}
-    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=bare, timeout=180)
+    path, calls = fake_scontrol(tmp_path)
+    bare = {"PATH": path, "SLURMD_NODENAME": "node1", "GPUVAL_HEALTHCHECK_CONF": str(conf)}
+    proc = subprocess.run(["bash", HEALTHCHECK], capture_output=True, text=True, env=bare, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert f"{conf}: unknown setting 'TYPO' ignored" in proc.stderr
     result = json.loads((log / "health" / "result.json").read_text(encoding="utf-8"))
     assert result["verdict"] == "PASS" and result["profile"] == "cpu"  # gpuval ran, from the file's python
 
     overridden = {**bare, "GPUVAL_PYTHON": "/usr/bin/false"}
-    proc = subprocess.run(["bash", script], capture_output=True, text=True, env=overridden, timeout=180)
+    proc = subprocess.run(["bash", HEALTHCHECK], capture_output=True, text=True, env=overridden, timeout=180)
     assert proc.returncode == 0 and "could not check node1 (exit 3)" in proc.stderr
+    assert not calls.exists()  # neither drained the node
+
+
+def test_healthcheck_without_a_profile_drains_the_node_before_running_gpuval(tmp_path):
+    """A picked profile would judge a node by what it shows (a dead driver shows no GPU): without
+    GPUVAL_PROFILE or --profile in GPUVAL_HEALTH_ARGS the check fails closed, with one line."""
+    conf = tmp_path / "healthcheck.conf"
+    conf.write_text("GPUVAL_PYTHON=/usr/bin/false\nGPUVAL_HEALTH_ARGS=--set expect.gpu_count=8\n")
+    path, calls = fake_scontrol(tmp_path)
+    env = {"PATH": path, "SLURMD_NODENAME": "node1", "GPUVAL_HEALTHCHECK_CONF": str(conf)}
+    proc = subprocess.run(["bash", HEALTHCHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"gpuval healthcheck: node1 drained: no profile configured; set GPUVAL_PROFILE in {conf}"
+    ]
+    assert calls.read_text() == (
+        "update NodeName=node1 State=DRAIN Reason=gpuval: health check has no profile configured\n"
+    )
+
+    calls.unlink()  # --profile among the arguments is a profile too: gpuval runs (here: /usr/bin/false)
+    given = {**env, "GPUVAL_HEALTH_ARGS": "--profile=h100-sxm"}
+    proc = subprocess.run(["bash", HEALTHCHECK], capture_output=True, text=True, env=given, timeout=60)
+    assert proc.returncode == 0 and "could not check node1 (exit 3)" in proc.stderr
+    assert not calls.exists()

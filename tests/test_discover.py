@@ -508,6 +508,26 @@ def test_no_driver_inventory_keeps_the_host_part(h200):
     assert "- no NVIDIA driver: NVMLError_LibraryNotFound" in paste_block(inv)
 
 
+def test_gpus_on_the_pci_bus_show_without_a_driver(h200, tmp_path):
+    """The hardware's own count, where NVML cannot start: 2 H200 (3D controllers) beside an NVSwitch."""
+    for address, pci_class, device in (
+        ("0000:18:00.0", "0x030200", "0x2335"),
+        ("0000:2a:00.0", "0x030200", "0x2335"),
+        ("0000:05:00.0", "0x068000", "0x22a3"),
+    ):
+        folder = tmp_path / "sys/bus/pci/devices" / address
+        folder.mkdir(parents=True)
+        for name, value in (("vendor", "0x10de"), ("class", pci_class), ("device", device)):
+            (folder / name).write_text(value + "\n")
+    library = ReplayNvml(h200, init_error="NVMLError_DriverNotLoaded")
+    inv = node_inventory("n", library, tmp_path, environ={})
+    assert [gpu["address"] for gpu in inv["pci_gpus"]] == ["0000:18:00.0", "0000:2a:00.0"]
+    assert "PCI bus: 2 NVIDIA GPUs (2x 10de:2335)" in _render(inv)
+    assert "- PCI bus: 2 NVIDIA GPUs (2x 10de:2335)" in paste_block(inv)
+    no_gpu = node_inventory("n", library, FAKE_ROOT, environ={})
+    assert no_gpu["pci_gpus"] == [] and "- PCI bus: no NVIDIA GPU" in paste_block(no_gpu)
+
+
 needs_no_driver = pytest.mark.skipif(Nvml().error is None, reason="this machine has an NVIDIA driver")
 
 

@@ -9,6 +9,7 @@ InfiniBand sysfs trees are fake files under tests/data/.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ import pytest
 from nvml_replay import ReplayNvml, load
 
 from gpuval.config import load_profile
+from gpuval.discover.pci import nvidia_gpus
 from gpuval.errors import UsageError
 from gpuval.health import pcie, smoke, xid
 from gpuval.health import sdc as health_sdc
 from gpuval.health._common import bus_key
+from gpuval.health.cuda import CudaDevice, CudaView, read_view
 from gpuval.health.run import health_result, node_health
 from gpuval.nvml import snapshot
 from gpuval.results import Status, json_schema, verdict
@@ -91,8 +94,23 @@ def quiet_kmsg(tmp_path: Path) -> Path:
     return path
 
 
+def cuda_sees(recording, indices=None, **view):
+    """The CUDA view of a process that can use the recorded GPUs `indices` (all by default): CUDA cannot
+    run on this machine, so health is handed what CUDA would show, as `gpuval accept` hands it its ranks'."""
+    devices = recording["devices"] if indices is None else [recording["devices"][i] for i in indices]
+    return CudaView(devices=tuple(CudaDevice(d["nvmlDeviceGetUUID"], None) for d in devices), **view)
+
+
 def health(
-    recording, root, sets=(), kmsg=None, own_pids=frozenset(), profile="h200-sxm", library=None, gpus=2
+    recording,
+    root,
+    sets=(),
+    kmsg=None,
+    own_pids=frozenset(),
+    profile="h200-sxm",
+    library=None,
+    gpus=2,
+    cuda=None,
 ):
     loaded = load_profile(profile, [f"expect.gpu_count={gpus}", *sets])
     return node_health(
@@ -102,6 +120,7 @@ def health(
         root=root,
         kmsg=kmsg,
         own_pids=set(own_pids),
+        cuda=[cuda_sees(recording)] if cuda is None else cuda,
     )
 
 
@@ -133,6 +152,7 @@ def test_healthy_recording_passes(machine, empty_root, quiet_kmsg):
         "expect.gpu_name",
         "expect.gpu_memory_gib",
         "gpu.reachable",
+        "cuda.visible",
         "ecc.enabled",
         "ecc.uncorrected_volatile",
         "ecc.uncorrected_aggregate",
@@ -167,7 +187,15 @@ def test_healthy_recording_passes(machine, empty_root, quiet_kmsg):
 def test_result_of_a_health_run_is_valid_result_json(h200, empty_root):
     loaded = load_profile("h200-sxm", ["expect.gpu_count=2"])
     snap = snapshot(ReplayNvml(h200))
-    checks = node_health(loaded, NODE, library=ReplayNvml(h200), root=empty_root, kmsg=None, snapshot=snap)
+    checks = node_health(
+        loaded,
+        NODE,
+        library=ReplayNvml(h200),
+        root=empty_root,
+        kmsg=None,
+        snapshot=snap,
+        cuda=[cuda_sees(h200)],
+    )
     result = health_result(loaded, NODE, checks, snap, "2026-11-22T00:00:00+00:00", 1.5)
     document = json.loads(result.to_json())
     jsonschema.validate(document, json_schema())
@@ -421,8 +449,8 @@ def test_kernel_log_parsing_and_bus_ids():
         "NVRM: GPU at PCI:0000:3b:00: GPU-0\n"
     )
     assert xid.parse_kernel_log(lines) == [
-        ("0000:3b:00", 31, "pid=77, name=a.out, Ch 00000008, intr 10000000"),
-        ("0001:c1:00", 95, "pid=1, Uncontained: FBHUB. RST: Yes, D-RST: No"),
+        (0.000099, "0000:3b:00", 31, "pid=77, name=a.out, Ch 00000008, intr 10000000"),
+        (123.456, "0001:c1:00", 95, "pid=1, Uncontained: FBHUB. RST: Yes, D-RST: No"),
     ]
     assert bus_key("PCI:0001:c1:00") == bus_key("00000001:C1:00.0") == (1, 0xC1, 0)
     assert xid.describe(95).critical and not xid.describe(31).critical
@@ -515,6 +543,8 @@ def test_expected_infiniband_ports_missing(h200, empty_root):
 
 
 def test_foreign_process_on_gpu1(h200, empty_root):
+    # gpuval health (the Slurm health check, beside user jobs) WARNs by default; accept FAILs: see
+    # test_foreign_processes.py
     (empty_root / "proc" / "4321").mkdir(parents=True)
     (empty_root / "proc" / "4321" / "comm").write_text("python3\n")
     h200["devices"][1]["nvmlDeviceGetComputeRunningProcesses"] = [{"pid": 4321, "usedGpuMemory": 40 * 2**30}]
@@ -522,7 +552,7 @@ def test_foreign_process_on_gpu1(h200, empty_root):
     assert bad(checks) == [("processes.foreign", Status.WARN, "gpu:n1/1")]
     detail = only(checks, "processes.foreign", Status.WARN)[0].detail
     assert (
-        "pid 4321 (python3, 40.0 GiB) on GPU 1: another job is using this GPU; benchmarks would be wrong"
+        "pid 4321 (python3, 40.0 GiB) on GPU 1: benchmarks on it would be skewed or run out of memory"
         in detail
     )
     assert bad(health(h200, empty_root, own_pids={4321})) == []  # gpuval's own rank is not foreign
@@ -574,6 +604,207 @@ def test_health_section_rejects_unknown_keys():
         UsageError, match="unknown key 'health.xid_windw_s' \\(did you mean 'xid_window_s'\\?\\)"
     ):
         load_profile("cpu", ["health.xid_windw_s=2"])
+
+
+# --- which GPUs the node has: the PCI bus, NVML and CUDA -------------------------------------------------
+
+H100_SXM = 0x2330  # the lent H100's NVML pciDeviceId is 0x233010de (tests/data/nvml/h100x1.json)
+
+
+def pci_tree(root: Path, addresses, device_id=H100_SXM) -> Path:
+    """A fake sysfs holding NVIDIA GPUs (3D controllers) at `addresses`, beside functions that are not GPUs:
+    an NVSwitch, a GPU's HD-audio function and the BMC's VGA of another vendor."""
+    functions = [(address, 0x10DE, 0x030200, device_id) for address in addresses]
+    functions += [
+        ("0000:05:00.0", 0x10DE, 0x068000, 0x22A3),  # NVSwitch: bridge, other
+        ("0000:c1:00.1", 0x10DE, 0x040300, 0x22BA),  # audio function of a GPU
+        ("0000:03:00.0", 0x1A03, 0x030000, 0x2000),  # ASPEED VGA
+    ]
+    for address, vendor, pci_class, device in functions:
+        folder = root / "sys/bus/pci/devices" / address
+        folder.mkdir(parents=True)
+        (folder / "vendor").write_text(f"0x{vendor:04x}\n")
+        (folder / "class").write_text(f"0x{pci_class:06x}\n")
+        (folder / "device").write_text(f"0x{device:04x}\n")
+    return root
+
+
+EIGHT = [f"0000:{bus:02x}:00.0" for bus in (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)]
+
+
+def test_the_pci_reader_lists_nvidia_display_controllers_only(empty_root):
+    assert nvidia_gpus(empty_root) == []  # no sysfs here: nothing, no error
+    pci_tree(empty_root, EIGHT[:2])
+    drivers = empty_root / "sys/bus/drivers/nvidia"
+    drivers.mkdir(parents=True)
+    (empty_root / "sys/bus/pci/devices" / EIGHT[0] / "driver").symlink_to(drivers)
+    vga = pci_tree(empty_root / "vga", ["0000:01:00.0"])  # a workstation GPU is a VGA controller
+    (vga / "sys/bus/pci/devices/0000:01:00.0/class").write_text("0x030000\n")
+    assert [gpu.to_json() for gpu in nvidia_gpus(empty_root)] == [
+        {"address": "0000:18:00.0", "pci_id": "10de:2330", "driver": "nvidia"},
+        {"address": "0000:2a:00.0", "pci_id": "10de:2330", "driver": None},
+    ]
+    assert [gpu.address for gpu in nvidia_gpus(vga)] == ["0000:01:00.0"]
+
+
+def test_driver_not_loaded_with_gpus_on_the_pci_bus_fails_gpu_reachable(h200, empty_root):
+    """NVML cannot start, but the hardware holds eight GPUs: a FAIL naming both, never a pass or a skip."""
+    library = ReplayNvml(h200, init_error="NVMLError_DriverNotLoaded")
+    checks = health(h200, pci_tree(empty_root, EIGHT), library=library, gpus=8)
+    assert verdict(checks) is Status.FAIL
+    assert bad(checks) == [
+        ("expect.gpu_count", Status.FAIL, "node:n1"),
+        ("gpu.reachable", Status.FAIL, "node:n1"),
+    ]
+    detail = only(checks, "gpu.reachable")[0].detail
+    assert detail.startswith("8 NVIDIA devices on the PCI bus, NVML: NVMLError_DriverNotLoaded")
+    assert "modprobe nvidia" in detail and "dmesg" in detail and "reinstall the driver" in detail
+    assert "see gpu.reachable" not in only(checks, "cuda.visible", Status.SKIP)[0].detail  # no GPU to compare
+
+
+def test_driver_not_loaded_fails_even_a_profile_that_expects_no_gpu(h200, empty_root):
+    library = ReplayNvml(h200, init_error="NVMLError_DriverNotLoaded")
+    checks = node_health(
+        load_profile("cpu"), NODE, library=library, root=pci_tree(empty_root, EIGHT), kmsg=None
+    )
+    assert bad(checks) == [("gpu.reachable", Status.FAIL, "node:n1")]
+
+
+def test_a_gpu_on_the_pci_bus_that_nvml_does_not_list_is_named_by_address(empty_root):
+    recording = load("h200x4")
+    recording["devices"].pop()  # GPU 00:09.0 is on the bus, but the driver no longer counts it
+    recording["device_count"] = 3
+    root = pci_tree(empty_root, [f"0000:00:{slot:02x}.0" for slot in (6, 7, 8, 9)])
+    checks = health(recording, root, gpus=3)
+    assert bad(checks) == [("gpu.reachable", Status.FAIL, "node:n1")]
+    failed = only(checks, "gpu.reachable")[0]
+    assert (failed.value, failed.threshold) == (3, {"equal": 4})
+    assert (
+        "4 NVIDIA GPUs on the PCI bus, NVML lists 3; not listed: 0000:00:09.0 (driver none)" in failed.detail
+    )
+    # a job given three of the node's four GPUs on purpose
+    allowed = health(recording, root, sets=["health.allow_hidden_gpus=true"], gpus=3)
+    assert bad(allowed) == [] and only(allowed, "gpu.reachable", Status.PASS)
+
+
+def test_a_lost_gpu_on_the_pci_bus_fails_once(h200, empty_root):
+    h200["device_count"] = 3  # NVML counts a third GPU it cannot open: it has no address to match
+    root = pci_tree(empty_root, ["0000:00:06.0", "0000:00:07.0", "0000:00:08.0"])
+    checks = health(h200, root, sets=["expect.gpu_count=3"])
+    assert [c.scope for c in checks if c.name == "gpu.reachable"] == ["gpu:n1/2"]
+
+
+def test_cuda_visible_devices_hiding_the_only_gpu_fails_with_counts_uuid_and_cudas_error(empty_root):
+    """`CUDA_VISIBLE_DEVICES= gpuval health --set expect.gpu_count=1` on a one-GPU node."""
+    h100 = load("h100x1")
+    hidden = CudaView(error="No CUDA GPUs are available", visible_devices="")
+    checks = health(
+        h100, empty_root, profile="h100-sxm", gpus=1, sets=["expect.nvlinks_per_gpu=null"], cuda=[hidden]
+    )
+    assert bad(checks) == [("cuda.visible", Status.FAIL, "node:n1")]
+    failed = only(checks, "cuda.visible")[0]
+    assert (failed.value, failed.threshold) == (0, {"equal": 1})
+    assert failed.detail.startswith("NVML lists 1 GPU, CUDA sees 0 (CUDA: No CUDA GPUs are available)")
+    assert "not usable through CUDA: GPU 0 (GPU-beb0f669-6fb3-66ad-d389-26df51e5352f)" in failed.detail
+    assert (
+        "CUDA_VISIBLE_DEVICES='' hides them" in failed.detail and "health.allow_hidden_gpus" in failed.detail
+    )
+    assert "see cuda.visible" in only(checks, "smoke.matmul", Status.SKIP)[0].detail
+
+
+def test_cuda_that_cannot_start_fails_with_its_own_error_and_the_fabric_manager_hint(h200, empty_root):
+    """NVSwitch node with nvidia-fabricmanager down: NVML answers, CUDA's init returns error 802."""
+    error = (
+        "Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling "
+        "NumCudaDevices() that might have already set an error? Error 802: system not yet initialized"
+    )
+    checks = health(h200, empty_root, cuda=[CudaView(error=error)])
+    failed = only(checks, "cuda.visible", Status.FAIL)[0]
+    assert f"NVML lists 2 GPUs, CUDA sees 0 (CUDA: {error})" in failed.detail
+    assert "GPU 0 (GPU-247420ef-5061-c4d8-5cb1-c933f0299a49), GPU 1 (GPU-94b33ec6" in failed.detail
+    assert "nvidia-fabricmanager" in failed.detail and "supports this CUDA" in failed.detail
+    # allowing hidden GPUs never excuses an error
+    assert only(
+        health(h200, empty_root, sets=["health.allow_hidden_gpus=true"], cuda=[CudaView(error=error)]),
+        "cuda.visible",
+        Status.FAIL,
+    )
+    # srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per rank: the hint still names the fabric manager
+    per_task = [CudaView(error=error, visible_devices=str(rank)) for rank in (0, 1)]
+    detail = only(health(h200, empty_root, cuda=per_task), "cuda.visible", Status.FAIL)[0].detail
+    assert "nvidia-fabricmanager" in detail and "hides them" not in detail
+
+
+def test_a_gpu_cuda_cannot_see_is_named_unless_the_job_was_given_only_some(h200, empty_root):
+    one = cuda_sees(h200, [0], visible_devices="0")
+    failed = only(health(h200, empty_root, cuda=[one]), "cuda.visible", Status.FAIL)[0]
+    assert failed.detail.startswith(
+        "NVML lists 2 GPUs, CUDA sees 1; not usable through CUDA: GPU 1 (GPU-94b33ec6"
+    )
+    assert "CUDA_VISIBLE_DEVICES='0' hides them" in failed.detail
+    allowed = only(
+        health(h200, empty_root, sets=["health.allow_hidden_gpus=true"], cuda=[one]), "cuda.visible"
+    )
+    assert [c.status for c in allowed] == [Status.PASS] and "CUDA sees 1" in allowed[0].detail
+
+
+def test_cuda_is_judged_on_the_union_of_the_nodes_ranks(h200, empty_root):
+    """srun --gpus-per-task=1: each rank sees one GPU; the node's ranks together must see every GPU."""
+    each = [cuda_sees(h200, [0], visible_devices="0"), cuda_sees(h200, [1], visible_devices="1")]
+    assert only(health(h200, empty_root, cuda=each), "cuda.visible")[0].status is Status.PASS
+    twice = [cuda_sees(h200, [0], visible_devices="0"), cuda_sees(h200, [0], visible_devices="0")]
+    failed = only(health(h200, empty_root, cuda=twice), "cuda.visible", Status.FAIL)[0]
+    assert "CUDA sees 1" in failed.detail and "GPU 1 (GPU-94b33ec6" in failed.detail
+    one_broken = [
+        cuda_sees(h200, [0]),
+        CudaView(error="CUDA driver version is insufficient for CUDA runtime version"),
+    ]
+    failed = only(health(h200, empty_root, cuda=one_broken), "cuda.visible", Status.FAIL)[0]
+    assert "(CUDA: CUDA driver version is insufficient" in failed.detail
+
+
+def test_a_torch_without_cuda_on_a_gpu_node_is_an_error_of_the_checker(h200, empty_root):
+    checks = health(h200, empty_root, cuda=[CudaView(built=False, torch="2.13.0+cpu")])
+    error = only(checks, "cuda.visible", Status.ERROR)[0]
+    assert (
+        "torch (2.13.0+cpu) is built without CUDA" in error.detail and "install a CUDA build" in error.detail
+    )
+    assert verdict(checks) is Status.ERROR  # never PASS
+
+
+class TorchStandIn:
+    """torch as read_view sees it: CUDA cannot run here, so its answers are given (the only fake object)."""
+
+    def __init__(self, cuda="12.8", error=None, uuids=()):
+        self.__version__ = "2.13.0"
+        self.version = SimpleNamespace(cuda=cuda)
+        self.cuda = SimpleNamespace(
+            init=self._init, device_count=lambda: len(uuids), get_device_properties=self._props
+        )
+        self.error, self.uuids = error, uuids
+
+    def _init(self):
+        if self.error:
+            raise RuntimeError(self.error)
+
+    def _props(self, index):
+        return SimpleNamespace(uuid=self.uuids[index], pci_domain_id=0, pci_bus_id=6 + index, pci_device_id=0)
+
+
+def test_read_view_keeps_cudas_own_error_and_nvmls_uuid_spelling(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    broken = read_view(
+        TorchStandIn(error="CUDA driver initialization failed, you might not have a CUDA gpu.\nmore")
+    )
+    assert broken == CudaView(
+        error="CUDA driver initialization failed, you might not have a CUDA gpu.",
+        visible_devices="3",
+        torch="2.13.0",
+    )
+    working = read_view(TorchStandIn(uuids=("beb0f669-6fb3-66ad-d389-26df51e5352f",)))
+    assert working.devices == (CudaDevice("GPU-beb0f669-6fb3-66ad-d389-26df51e5352f", (0, 6, 0)),)
+    assert working.error is None
+    assert read_view(TorchStandIn(cuda=None)).built is False
 
 
 # --- the CUDA smoke test, on the CPU device ---------------------------------------------------------------
@@ -735,6 +966,87 @@ def test_cli_health_unknown_family_in_skip_is_a_usage_error(gpuval, assert_usage
     )
     assert_usage_error(proc, "unknown health check 'nvlnk'", "did you mean 'nvlink'")
     assert not out.exists()
+
+
+def fake_node(root: Path, recording: str = "h100x1", init_error: str | None = None) -> dict[str, str]:
+    """The environment of a gpuval child process on a fake node: /sys read from `root` (GPUVAL_SYSFS_ROOT)
+    and NVML answering from a recording, or failing to start with `init_error` (tests/dist/nvmlhook)."""
+    from conftest import cli_env
+
+    path = os.pathsep.join(
+        filter(None, [str(DATA.parent / "dist" / "nvmlhook"), os.environ.get("PYTHONPATH")])
+    )
+    extra = {"GPUVAL_SYSFS_ROOT": str(root), "PYTHONPATH": path, "GPUVAL_TEST_NVML": recording}
+    return cli_env(**extra, **({"GPUVAL_TEST_NVML_INIT_ERROR": init_error} if init_error else {}))
+
+
+def test_cli_on_a_node_whose_driver_is_not_loaded_fails_quickly_and_never_benchmarks_the_cpu(
+    gpuval, tmp_path
+):
+    """Eight H100s on the PCI bus, NVML: DriverNotLoaded. health and accept pick h100-sxm from the PCI ids
+    (not cpu) and FAIL within seconds; accept runs one rank and no benchmark; bench refuses (exit 3)."""
+    env = fake_node(pci_tree(tmp_path / "root", EIGHT), init_error="NVMLError_DriverNotLoaded")
+    proc = gpuval(["health", "--output", str(tmp_path / "health")], tmp_path, env=env, timeout=90)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    document = _read(tmp_path / "health")
+    assert document["profile"] == "h100-sxm" and document["duration_s"] < 30
+    failed = {c["name"]: c["detail"] for c in document["checks"] if c["status"] == "FAIL"}
+    assert failed["gpu.reachable"].startswith(
+        "8 NVIDIA devices on the PCI bus, NVML: NVMLError_DriverNotLoaded"
+    )
+
+    proc = gpuval(["accept", "--quick", "--output", str(tmp_path / "accept")], tmp_path, env=env, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    document = _read(tmp_path / "accept")
+    assert document["verdict"] == "FAIL" and document["duration_s"] < 30
+    assert document["world"] == {"size": 1, "nodes": 1, "backend": "gloo"} and document["measurements"] == []
+    benchmark_checks = [c for c in document["checks"] if c["name"] in load_profile("h100-sxm").checks]
+    assert benchmark_checks and {c["status"] for c in benchmark_checks} == {"SKIP"}
+    assert all("gpu.reachable FAIL on node:" in c["detail"] for c in benchmark_checks)
+
+    proc = gpuval(["bench", "matmul", "--quick"], tmp_path, env=env, timeout=90)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"gpuval: bench matmul: CUDA can use no GPU here (torch {torch_version()} is built without CUDA) "
+        "although 8 NVIDIA GPUs are on the PCI bus: a benchmark would measure the CPU; gpuval health says why"
+    ]
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def test_cli_accept_where_nvml_sees_a_gpu_cuda_cannot_use_runs_no_benchmark(gpuval, tmp_path):
+    """NVML answers for the recorded H100 while CUDA here cannot run: one rank, no benchmark on the CPU in
+    its place, the checks SKIP naming cuda.visible, and the verdict is not PASS."""
+    env = fake_node(tmp_path / "root")  # nothing on this fake PCI bus: NVML alone says there is a GPU
+    sets = ["--set", "expect.gpu_count=1", "--set", "expect.nvlinks_per_gpu=null"]
+    proc = gpuval(
+        ["accept", "--quick", *sets, "--output", str(tmp_path / "out")], tmp_path, env=env, timeout=120
+    )
+    document = _read(tmp_path / "out")
+    assert proc.returncode in (1, 3) and document["verdict"] != "PASS", proc.stdout + proc.stderr
+    assert (
+        document["profile"] == "h100-sxm"
+        and document["world"]["size"] == 1
+        and document["measurements"] == []
+    )
+    assert [c["status"] for c in document["checks"] if c["name"] == "cuda.visible"] in (["ERROR"], ["FAIL"])
+    benchmark_checks = [c for c in document["checks"] if c["name"] in load_profile("h100-sxm").checks]
+    assert benchmark_checks and all(
+        c["status"] == "SKIP" and "cuda.visible" in c["detail"] for c in benchmark_checks
+    )
+
+
+def test_cli_gpus_no_profile_knows_are_a_usage_error_naming_their_pci_ids(
+    gpuval, assert_usage_error, tmp_path
+):
+    root = pci_tree(tmp_path / "root", EIGHT, device_id=0x2331)  # H100 PCIe: no built-in profile
+    env = fake_node(root, init_error="NVMLError_DriverNotLoaded")
+    proc = gpuval(["health", "--output", str(tmp_path / "out")], tmp_path, env=env, timeout=90)
+    assert_usage_error(proc, "no built-in profile matches their PCI ids (8x 10de:2331)", "pass --profile")
 
 
 def test_health_under_torchrun_gathers_every_rank(tmp_path):

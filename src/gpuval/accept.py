@@ -7,7 +7,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gpuval import __version__
 from gpuval.bench.registry import all_benchmarks
@@ -15,7 +15,7 @@ from gpuval.checks import correctness_checks, outlier_measurements, threshold_ch
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
 from gpuval.results import Check, Result, Status, verdict
-from gpuval.suite import run_benchmarks
+from gpuval.suite import Outcome, run_benchmarks
 
 
 def node_of(scope: str) -> str | None:
@@ -35,6 +35,21 @@ def failed_nodes(checks: list[Check]) -> dict[str, str]:
     return failed
 
 
+def busy_nodes(checks: list[Check]) -> dict[str, str]:
+    """Node -> where another program holds its GPUs, for every node whose processes.foreign FAILed.
+
+    Benchmarks beside another program measure the sharing, not the GPU (a second process multiplying
+    halves matmul's rate; one holding memory makes them run out of it), and take longer the more they
+    share: accept runs none of them there, so the verdict names the program in seconds.
+    """
+    busy: dict[str, str] = {}
+    for check in checks:
+        node = node_of(check.scope)
+        if check.name == "processes.foreign" and check.status is Status.FAIL and node is not None:
+            busy[node] = f"{busy[node]}, {check.scope}" if node in busy else check.scope
+    return busy
+
+
 def _excuse(checks: list[Check], failed: dict[str, str]) -> list[Check]:
     """Benchmark checks on a node that failed health are SKIP: its numbers would say nothing new."""
     out = []
@@ -51,22 +66,79 @@ def _excuse(checks: list[Check], failed: dict[str, str]) -> list[Check]:
     return out
 
 
-def run_health_phase(runtime: Any, profile: Profile) -> tuple[list[dict[str, Any]], list[Check]]:
+def _blame_failed_nodes(outcome: Outcome, failed: dict[str, str]) -> set[str]:
+    """A benchmark that crashed only on nodes that failed health (out of memory beside another program, say)
+    becomes SKIP naming that failure as the likely cause, not an ERROR of the run; returns their names."""
+    blamed = set()
+    for name, (status, reason) in list(outcome.not_run.items()):
+        nodes = outcome.error_nodes.get(name, set())
+        if status is Status.ERROR and nodes and nodes <= failed.keys():
+            causes = "; ".join(f"node {node} failed health ({failed[node]})" for node in sorted(nodes))
+            outcome.not_run[name] = (Status.SKIP, f"{causes}, the likely cause of: {reason}")
+            blamed.add(name)
+    return blamed
+
+
+_VISIBILITY = ("gpu.reachable", "cuda.visible")  # health checks that say why CUDA cannot use a node's GPUs
+
+
+def _stranded(runtime: Any, profile: Profile) -> dict[str, str]:
+    """Node -> why, for every node with a rank on the CPU although the node has NVIDIA GPUs (or the
+    profile expects some): CUDA cannot use them there, and a benchmark would measure the CPU. The same
+    on every rank, so that every rank skips the benchmarks alike."""
+    from gpuval.health.cuda import cpu_rank_problem
+
+    problem = None if runtime.on_gpu else cpu_rank_problem(profile.expect.gpu_count)
+    return dict(sorted(pair for pair in runtime.all_gather_object((runtime.node_name, problem)) if pair[1]))
+
+
+def _stranded_reason(stranded: dict[str, str], checks: list[Check]) -> tuple[str, list[Check]]:
+    """Why no benchmark runs, naming the health check that explains each node (a visibility check first),
+    and a FAIL for a node whose health explains nothing (its cuda family left out, say)."""
+    causes, added = [], []
+    for node, problem in stranded.items():
+        bad = [c for c in checks if node_of(c.scope) == node and c.status in (Status.FAIL, Status.ERROR)]
+        cause = next((c for c in bad if c.name in _VISIBILITY), bad[0] if bad else None)
+        if cause is None:
+            cause = Check(name="cuda.visible", status=Status.FAIL, scope=f"node:{node}", detail=problem)
+            added.append(cause)
+        causes.append(f"{node}: {cause.name} {cause.status.value} on {cause.scope}")
+    listed = "; ".join(causes)
+    return f"not run: ranks run on the CPU where CUDA cannot use the node's GPUs ({listed})", added
+
+
+def run_health_phase(
+    runtime: Any,
+    profile: Profile,
+    command: Literal["accept", "health"] = "accept",
+    history: Path | None = None,
+) -> tuple[list[dict[str, Any]], list[Check]]:
     """Every node's inventory and health (on its first rank), the SDC fingerprints of every rank, and
-    the checks across nodes. Returns (node inventories, checks) on rank 0; empty lists elsewhere."""
+    the checks across nodes. Returns (node inventories, checks) on rank 0; empty lists elsewhere.
+    `command`: what runs them (health.foreign_processes 'auto' FAILs accept, WARNs health).
+    `history`: accept's history database; kernel-log XIDs before a node's last passing run don't count."""
     from gpuval.fleet import heterogeneity_checks, shared_fs_checks
+    from gpuval.health.cuda import read_view
     from gpuval.health.run import node_health
     from gpuval.nvml import snapshot
     from gpuval.sdc import run_sdc
 
+    views = runtime.all_gather_object((runtime.node_name, read_view()))  # CUDA's view from every rank
     ranks = runtime.all_gather_object((runtime.node_name, os.getpid()))
     own_pids = {pid for node, pid in ranks if node == runtime.node_name}  # gpuval's ranks are not foreign
     mine = None
     if runtime.local_rank == 0:
         nvml = snapshot()
         checks = node_health(
-            profile, runtime.node_name, own_pids=own_pids, snapshot=nvml, exclude=frozenset({"sdc"})
-        )  # run_sdc below compares every rank instead
+            profile,
+            runtime.node_name,
+            own_pids=own_pids,
+            snapshot=nvml,
+            exclude=frozenset({"sdc"}),  # run_sdc below compares every rank instead
+            cuda=[view for node, view in views if node == runtime.node_name],  # what the node's ranks see
+            history=history,
+            command=command,
+        )
         mine = (node_inventory(runtime.node_name), [c.model_dump(mode="json") for c in checks])
     gathered = [part for part in runtime.all_gather_object(mine) if part is not None]
     sdc = run_sdc(runtime)
@@ -83,20 +155,44 @@ def run_health_phase(runtime: Any, profile: Profile) -> tuple[list[dict[str, Any
 
 
 def run_accept(
-    runtime: Any, profile: Profile, plan: dict[str, Any], quick: bool, progress=lambda bench, message: None
+    runtime: Any,
+    profile: Profile,
+    plan: dict[str, Any],
+    quick: bool,
+    progress=lambda bench, message: None,
+    history: Path | None = None,
 ) -> Result | None:
     """Run on every rank; returns the Result on rank 0 (None elsewhere).
 
     Health runs first. When a node fails it, the collectives (which would run through that node) are not
     run, and the other benchmarks' checks on that node are SKIP with the reason; the verdict is FAIL.
+    When a rank runs on the CPU of a node whose GPUs CUDA cannot use (or the profile expects GPUs), or
+    another program holds a node's GPUs (processes.foreign FAIL), no benchmark runs at all: every
+    benchmark check is SKIP naming why, and the verdict is health's FAIL.
     """
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
     progress("health", "checking")
-    nodes, health_checks = run_health_phase(runtime, profile)
+    nodes, health_checks = run_health_phase(runtime, profile, history=history)
     failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
     progress("health", "done")
     not_run: dict[str, tuple[Status, str]] = {}
+    stranded = _stranded(runtime, profile)
+    if stranded:  # no benchmark on a CPU standing in for GPUs: health has the FAIL, the checks SKIP
+        reason, added = _stranded_reason(stranded, health_checks)
+        health_checks += added  # used on rank 0 alone, where health_checks holds every node's
+        not_run = {name: (Status.SKIP, reason) for name in plan}
+        for name in plan:
+            progress(name, "skipped: CUDA cannot use the GPUs")
+        plan = {}
+    busy = runtime.all_gather_object(busy_nodes(health_checks) if runtime.is_main else None)[0]
+    if busy and plan:  # another program shares the GPUs: every number would measure the sharing
+        listed = "; ".join(f"{node}: {where}" for node, where in sorted(busy.items()))
+        reason = f"not run: another program holds GPUs of node(s) {listed}: free them and rerun"
+        not_run = {name: (Status.SKIP, reason) for name in plan}
+        for name in plan:
+            progress(name, "skipped: another program is on the GPUs")
+        plan = {}
     if failed and "collectives" in plan:
         listed = "; ".join(f"{node}: {reason}" for node, reason in sorted(failed.items()))
         not_run["collectives"] = (
@@ -109,6 +205,7 @@ def run_accept(
     outcome.not_run.update(not_run)
     if not runtime.is_main:
         return None
+    blamed = _blame_failed_nodes(outcome, failed)
 
     benchmarks = all_benchmarks()
     producers = {produced: name for name, bench in benchmarks.items() for produced in bench.produces}
@@ -118,8 +215,8 @@ def run_accept(
     bench_checks += correctness_checks(measurements)
     covered = {producers.get(c.name.split(".")[0]) for c in bench_checks}
     for name, (status, reason) in outcome.not_run.items():
-        if status is Status.ERROR and name not in covered:
-            bench_checks.append(Check(name=f"{name}.run", status=Status.ERROR, detail=reason))
+        if (status is Status.ERROR or name in blamed) and name not in covered:
+            bench_checks.append(Check(name=f"{name}.run", status=status, detail=reason))
     checks = health_checks + _excuse(bench_checks, failed)
     return Result(
         verdict=verdict(checks),

@@ -57,10 +57,17 @@ HistoryOption = Annotated[
 ]
 
 
-def _default_nproc() -> int:
+def _default_nproc(gpus_expected: bool = False) -> int:
+    """One rank per GPU CUDA can use; two CPU ranks on a machine without NVIDIA GPUs; one rank where the
+    PCI bus or NVML show GPUs that CUDA cannot use, or the profile expects some (health says why, and no
+    benchmark runs on the CPU in their place)."""
     import torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    from gpuval.discover.gpus import gpus_here
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 1 if gpus_expected or gpus_here() else 2
 
 
 def _check_gpus_for(ranks: int) -> None:
@@ -75,15 +82,18 @@ def _check_gpus_for(ranks: int) -> None:
         )
 
 
-def _distributed(nproc: int | None, work, extra_argv: tuple[str, ...] = ()) -> int:
+def _distributed(
+    nproc: int | None, work, extra_argv: tuple[str, ...] = (), gpus_expected: bool = False
+) -> int:
     """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
 
-    `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same.
+    `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same;
+    `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them).
     """
     from gpuval.launch import launch_local, report_exit
     from gpuval.runtime import launcher_env
 
-    ranks = nproc if nproc is not None else _default_nproc()
+    ranks = nproc if nproc is not None else _default_nproc(gpus_expected)
     if launcher_env() == "single" and ranks > 1:
         _check_gpus_for(ranks)
         return launch_local(ranks, [*sys.argv[1:], *extra_argv])
@@ -133,10 +143,11 @@ def accept(
     from gpuval.atomic import ensure_writable_dir
     from gpuval.config import load_profile, pick_profile
     from gpuval.discover import local_gpu_names
+    from gpuval.discover.pci import nvidia_gpus
     from gpuval.history import history_path_from, open_history
     from gpuval.suite import plan_benchmarks
 
-    name = profile or pick_profile(local_gpu_names())
+    name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
     loaded = load_profile(name, set_)
     plan = plan_benchmarks(loaded, quick, _on_gpu())
     extra_argv: tuple[str, ...] = ()
@@ -174,9 +185,10 @@ def accept(
                         lambda b, msg: bar.update(
                             tasks[b], description=msg, completed=1 if msg == "done" else 0
                         ),
+                        history=history_path,
                     )
             else:
-                result = run_accept(runtime, loaded, plan, quick)
+                result = run_accept(runtime, loaded, plan, quick, history=history_path)
         finally:
             runtime.shutdown()
         if result is None:
@@ -192,7 +204,7 @@ def accept(
             console.print(f"wrote {', '.join(str(p) for p in paths)}")
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
-    return _distributed(nproc, work, extra_argv)
+    return _distributed(nproc, work, extra_argv, gpus_expected=bool(loaded.expect.gpu_count))
 
 
 @app.command()
@@ -228,6 +240,7 @@ def bench(
     def work() -> int:
         from gpuval.atomic import write_text_atomic
         from gpuval.discover import node_inventory
+        from gpuval.health.cuda import cpu_rank_problem
         from gpuval.report.console import print_measurements
         from gpuval.runtime import init_runtime
         from gpuval.suite import run_benchmarks
@@ -235,6 +248,8 @@ def bench(
         runtime = init_runtime()
         began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
+            if not runtime.on_gpu and (problem := cpu_rank_problem()):
+                raise RunError(f"bench {benchmark.name}: {problem}; gpuval health says why")
             if runtime.is_main:
                 with _progress() as bar:
                     task = bar.add_task("starting", bench=benchmark.name, total=1)
@@ -333,7 +348,9 @@ def health(
     from gpuval.accept import write_reports
     from gpuval.atomic import ensure_writable_dir
     from gpuval.config import load_profile, pick_profile
+    from gpuval.discover.pci import nvidia_gpus
     from gpuval.health.run import families, health_result, node_health
+    from gpuval.history import history_path_from
     from gpuval.nvml import available, snapshot
     from gpuval.report.console import print_result
     from gpuval.results import World
@@ -342,13 +359,14 @@ def health(
     started_at, began = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
     nvml = snapshot()  # read once: it picks the profile (as discover.local_gpu_names would) and is judged
     names = [gpu.name for gpu in nvml.gpus if available(gpu.name)]
-    loaded = load_profile(profile or pick_profile(names), set_)
+    loaded = load_profile(profile or pick_profile(names, [gpu.pci_id for gpu in nvidia_gpus()]), set_)
     families(loaded)  # an unknown name in health.skip is bad input: say so before any work
     if output is None:
         output = Path("gpuval-results") / f"health-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
     if os.environ.get("RANK", "0") == "0":
         ensure_writable_dir(output)
     node = node_name()
+    history = history_path_from(None)  # read only: accept's last passing run there bounds the XID window
 
     def report(result) -> int:
         paths = write_reports(result, output)
@@ -361,7 +379,7 @@ def health(
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     if launcher_env() == "single":  # one node, one process: no process group needed
-        checks = node_health(loaded, node, snapshot=nvml)
+        checks = node_health(loaded, node, snapshot=nvml, history=history)
         return report(health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began))
 
     def across_nodes() -> int:  # under torchrun/srun: every node's health, SDC on every rank, fleet checks
@@ -370,7 +388,7 @@ def health(
 
         runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
         try:
-            nodes, checks = run_health_phase(runtime, loaded)
+            nodes, checks = run_health_phase(runtime, loaded, command="health", history=history)
             world = World.model_validate(runtime.world_info())
         finally:
             runtime.shutdown()

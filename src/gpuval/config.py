@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import Counter
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -46,6 +48,11 @@ class Expect(_Strict):
     gpu_count: StrictInt | None = Field(None, ge=0, description="GPUs per node")
     gpu_name: str | None = Field(None, description="regular expression matching the whole GPU name")
     gpu_memory_gib: float | None = Field(None, gt=0, description="minimum GiB per GPU")
+    pci_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{4}:[0-9a-f]{4}$")]] = Field(
+        default_factory=list,
+        description="PCI vendor:device ids of this GPU model as lspci -nn prints them (pci.ids), e.g. "
+        "'10de:2330': how the profile is picked when NVML cannot name the GPUs; not a check",
+    )
     driver_version: str | None = Field(
         None, description="NVIDIA driver version as a glob, e.g. '580.*' (fnmatch); unset: not checked"
     )
@@ -66,6 +73,42 @@ class HealthSettings(_Strict):
     shared_dir: Path | None = Field(
         None, description="a directory every node must see as one file system (gpuval accept, many nodes)"
     )
+    allow_hidden_gpus: bool = Field(
+        False,
+        description="true for a job deliberately given only some of a shared node's GPUs: NVIDIA GPUs on the "
+        "PCI bus that NVML does not list, and GPUs NVML lists that CUDA cannot see (CUDA_VISIBLE_DEVICES), "
+        "are then not a FAIL; NVML and CUDA must still see at least one GPU without an error. Default "
+        "false: every GPU of the node must be usable",
+    )
+    xid_since: datetime | None = Field(
+        None,
+        description="count kernel-log XIDs only from this ISO-8601 time with its zone, e.g. the time of a "
+        "GPU reset: 2026-11-24T10:00:00Z (unset: since boot or the node's last passing accept run)",
+    )
+    foreign_processes: Literal["auto", "fail", "warn"] = Field(
+        "auto",
+        description="another program's compute process on a tested GPU, or GPU memory held by processes "
+        "this node cannot see: fail, warn, or auto = FAIL in gpuval accept (its benchmarks would be skewed "
+        "or run out of memory), WARN in gpuval health (it also runs beside user jobs as a Slurm health "
+        "check); warn suits shared nodes",
+    )
+
+    @field_validator("xid_since", mode="before")
+    @classmethod
+    def _aware_time(cls, value: Any) -> Any:
+        """An ISO-8601 string (YAML may already have made it a datetime) that names its zone: a time without
+        one would be read in whatever zone the node runs, and move the window by hours."""
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise ValueError("expected an ISO-8601 time such as 2026-11-24T10:00:00Z") from None
+        if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
+            return value
+        if isinstance(value, datetime):
+            raise ValueError("give the time zone, e.g. 2026-11-24T10:00:00Z or +01:00")
+        # a bare date (YAML reads 2026-11-24 as one) or a number, which pydantic would take as epoch seconds
+        raise ValueError("expected an ISO-8601 time with the time of day, e.g. 2026-11-24T10:00:00Z")
 
 
 class HistorySettings(_Strict):
@@ -241,16 +284,27 @@ def load_profile(name_or_path: str, assignments: list[str] | None = None) -> Pro
     return validate_model(Profile, data, source)
 
 
-def pick_profile(gpu_names: list[str]) -> str:
-    """The built-in profile whose expect.gpu_name matches the local GPUs; 'cpu' when there are none."""
-    if not gpu_names:
+def pick_profile(gpu_names: list[str], pci_ids: list[str] | None = None) -> str:
+    """The built-in profile matching the local GPUs: by the names NVML gives, else (NVML cannot name them:
+    no driver loaded) by the PCI ids of the NVIDIA GPUs on the bus against expect.pci_ids; 'cpu' only
+    when there is no NVIDIA GPU at all."""
+    if gpu_names:
+        for name in builtin_profiles():
+            pattern = load_profile(name).expect.gpu_name
+            if pattern and all(re.fullmatch(pattern, gpu) for gpu in gpu_names):
+                return name
+        raise UsageError(
+            f"no built-in profile matches the GPUs here ({gpu_names[0]}); pass --profile FILE "
+            f"(start from one of: {', '.join(builtin_profiles())})"
+        )
+    if not pci_ids:
         return "cpu"
     for name in builtin_profiles():
-        profile = load_profile(name)
-        pattern = profile.expect.gpu_name
-        if pattern and all(re.fullmatch(pattern, gpu) for gpu in gpu_names):
+        known = load_profile(name).expect.pci_ids
+        if known and all(pci_id.lower() in known for pci_id in pci_ids):
             return name
+    found = ", ".join(f"{count}x {pci_id}" for pci_id, count in sorted(Counter(pci_ids).items()))
     raise UsageError(
-        f"no built-in profile matches the GPUs here ({gpu_names[0]}); pass --profile FILE "
-        f"(start from one of: {', '.join(builtin_profiles())})"
+        f"NVML cannot name the GPUs here and no built-in profile matches their PCI ids ({found}); pass "
+        f"--profile NAME or FILE (built-in: {', '.join(builtin_profiles())})"
     )

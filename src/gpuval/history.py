@@ -14,6 +14,7 @@ import os
 import sqlite3
 import statistics
 from contextlib import closing
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +185,26 @@ def runs(path: Path, node: str | None = None, last: int = 20) -> list[dict[str, 
         if node is None or node in r[4].split("+")
     ]
     return found[:last]
+
+
+def last_passing_run(path: Path, node: str) -> datetime | None:
+    """When the newest run that PASSed on `node` (alone or in a node group) started; None when there is
+    none. Read-only (health must never create or change a database), and a missing or unreadable database
+    is no passing run rather than an error: it only narrows which XIDs count."""
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+            rows = db.execute("SELECT started_at, nodes FROM runs WHERE verdict = 'PASS'").fetchall()
+    except (OSError, sqlite3.Error):
+        return None
+    times = []
+    for started_at, nodes in rows:
+        try:
+            started = datetime.fromisoformat(started_at)
+        except (TypeError, ValueError):
+            continue  # a row not written by gpuval says nothing about this node
+        if node in str(nodes).split("+") and started.tzinfo is not None:
+            times.append(started)
+    return max(times, default=None)
 
 
 def trends(path: Path, node: str, last: int = 10) -> list[dict[str, Any]]:

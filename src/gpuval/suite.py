@@ -23,6 +23,7 @@ class Outcome:
     measurements: list[Measurement] = field(default_factory=list)
     not_run: dict[str, tuple[Status, str]] = field(default_factory=dict)  # benchmark -> (SKIP|ERROR, reason)
     durations_s: dict[str, float] = field(default_factory=dict)
+    error_nodes: dict[str, set[str]] = field(default_factory=dict)  # benchmark -> nodes of its failed ranks
 
 
 def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, Any]:
@@ -91,9 +92,11 @@ def run_benchmarks(
     outcome = Outcome()
     benchmarks = all_benchmarks()
     broken: str | None = None
+    broken_on: set[str] = set()
     for name, options in plan.items():
         if broken is not None:
             outcome.not_run[name] = (Status.ERROR, f"not run: {broken}")
+            outcome.error_nodes[name] = broken_on
             continue
         ctx = Context(runtime=runtime, quick=quick, progress=lambda message, n=name: progress(n, message))
         began = time.perf_counter()
@@ -112,17 +115,19 @@ def run_benchmarks(
             # Said at once, by the rank it happened on: if the other ranks are still inside this
             # benchmark's collectives, the next exchange breaks and this line is what explains it.
             print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
-        gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status))
+        gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status, runtime.node_name))
         outcome.durations_s[name] = time.perf_counter() - began
-        statuses = [s for _, s in gathered if s is not None]
+        statuses = [s for _, s, _ in gathered if s is not None]
         errors = [reason for kind, reason in statuses if kind == "ERROR"]
         if errors:
             outcome.not_run[name] = (Status.ERROR, errors[0])
+            broken_on = {node for _, s, node in gathered if s is not None and s[0] == "ERROR"}
+            outcome.error_nodes[name] = broken_on
             broken = f"an earlier benchmark failed ({errors[0]})"
             continue
         if statuses:
             outcome.not_run[name] = (Status.SKIP, statuses[0][1])
-        for dumped, _ in gathered:
+        for dumped, _, _ in gathered:
             outcome.measurements.extend(Measurement.model_validate(m) for m in dumped)
         progress(name, "done")
     return outcome

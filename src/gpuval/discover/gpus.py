@@ -1,31 +1,39 @@
-"""GPUs without the full NVML snapshot: their names (to pick a profile) and, where NVML cannot be read
-but CUDA works, the device list torch sees."""
+"""GPUs without the full NVML snapshot: their names (to pick a profile), whether the node has any at all
+(PCI bus, NVML) and, where NVML cannot be read but CUDA works, the device list torch sees."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpuval.discover.pci import nvidia_gpus
+from gpuval.nvml import Nvml, available
+
 
 def local_gpu_names() -> list[str]:
     """GPU names through NVML (no CUDA context in this process), else through torch."""
+    nvml = Nvml()
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return [
-                pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
-                for index in range(pynvml.nvmlDeviceGetCount())
-            ]
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library: fall back to what torch sees (nothing on a CPU machine)
-        pass
-    import torch
+        count = nvml("nvmlDeviceGetCount")
+        if isinstance(count, int):
+            handles = [nvml("nvmlDeviceGetHandleByIndex", index) for index in range(count)]
+            return [name for name in (nvml("nvmlDeviceGetName", h) for h in handles) if available(name)]
+    finally:
+        nvml.shutdown()
+    import torch  # no driver, no library: what torch sees (nothing on a CPU machine)
 
     if not torch.cuda.is_available():
         return []
     return [torch.cuda.get_device_name(index) for index in range(torch.cuda.device_count())]
+
+
+def gpus_here() -> str | None:
+    """What shows this node has NVIDIA GPUs, in words ('8 NVIDIA GPUs are on the PCI bus', 'NVML lists 8
+    GPUs'), whether or not CUDA can use them; None when nothing does."""
+    pci = nvidia_gpus()
+    if pci:
+        return f"{len(pci)} NVIDIA GPU{'s are' if len(pci) > 1 else ' is'} on the PCI bus"
+    names = local_gpu_names()
+    return f"NVML lists {len(names)} GPU{'s' if len(names) > 1 else ''}" if names else None
 
 
 def torch_gpus() -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """One node's inventory: host, software, GPUs (NVML), topology, InfiniBand, mounts and scheduler context.
 
 A plain JSON-able dict. `gpuval accept` and the cross-node checks read `node`, `gpu_count`, `gpus[]`
-(`index`, `name`, `memory_total_bytes`) and `software.*`: those keys stay.
+(`index`, `name`, `memory_total_bytes`), `pci_gpus` and `software.*`: those keys stay.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from gpuval.discover.gpus import torch_gpus
 from gpuval.discover.host import host_info
 from gpuval.discover.network import infiniband_ports
+from gpuval.discover.pci import nvidia_gpus
 from gpuval.discover.scheduler import scheduler_context
 from gpuval.discover.software import communication_env, software_versions
 from gpuval.discover.storage import mounts
@@ -73,6 +74,7 @@ def node_inventory(
         "gpus_lost": [
             {"index": gpu.index, "reason": gpu.name.reason} for gpu in nvml.gpus if not available(gpu.name)
         ],
+        "pci_gpus": [gpu.to_json() for gpu in nvidia_gpus(root)],  # what the hardware holds, driver or not
         "topology": topology_matrix(reachable),
         "infiniband": infiniband_ports(root),
         "mounts": mounts(root),

@@ -85,6 +85,16 @@ def driver_line(inventory: dict[str, Any]) -> str | None:
     return f"NVML could not list the GPUs: {error}"
 
 
+def pci_line(inventory: dict[str, Any]) -> str:
+    """'PCI bus: 8 NVIDIA GPUs (8x 10de:2330)': what the hardware holds, whether or not a driver answers."""
+    gpus = inventory.get("pci_gpus") or []
+    if not gpus:
+        return "PCI bus: no NVIDIA GPU"
+    ids = Counter(gpu["pci_id"] for gpu in gpus)
+    listed = ", ".join(f"{count}x {pci_id}" for pci_id, count in sorted(ids.items()))
+    return f"PCI bus: {len(gpus)} NVIDIA GPU{'s' if len(gpus) > 1 else ''} ({listed})"
+
+
 def host_table(inventory: dict[str, Any]) -> Table:
     host, software = inventory["host"], inventory["software"]
     table = Table(title=f"node {inventory['node']}", title_justify="left", show_header=False, box=None)
@@ -277,6 +287,7 @@ def print_inventory(inventory: dict[str, Any], console: Console) -> None:
     problem = driver_line(inventory)
     if problem:
         console.print(problem, markup=False, highlight=False, soft_wrap=True)
+    console.print(pci_line(inventory), markup=False, highlight=False)
     if inventory["gpus"] or inventory.get("gpus_lost"):
         console.print(gpu_table(inventory))
     if inventory["topology"]["gpus"]:
@@ -314,6 +325,7 @@ def paste_block(inventory: dict[str, Any]) -> str:
     problem = driver_line(inventory)
     if problem:
         lines.append(f"- {problem}")
+    lines.append(f"- {pci_line(inventory)}")
     gpus = inventory["gpus"]
     if gpus:
         lines.append(f"- GPUs: {_gpu_summary(gpus)}")

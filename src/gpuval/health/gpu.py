@@ -10,7 +10,8 @@ import re
 from typing import Any
 
 from gpuval.config import Expect, Profile
-from gpuval.health._common import gpu_scope, node_scope, reachable, why_no_gpus
+from gpuval.discover.pci import PciGpu, nvidia_gpus
+from gpuval.health._common import bus_key, gpu_scope, node_scope, plural, reachable, why_no_gpus
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import Unavailable, available
 from gpuval.results import Check, Status
@@ -114,10 +115,56 @@ def expect_checks(profile: Profile, nodes: list[dict[str, Any]]) -> list[Check]:
 _LOST = ("GpuIsLost", "Unknown", "InsufficientPower", "IrqIssue", "ResetRequired")
 
 
+_OFF_THE_BUS = (
+    "look for a dead or unloaded driver (load it: modprobe nvidia), a kernel module that does not match the "
+    "kernel (reinstall the driver) or a GPU off the bus (dmesg: NVRM and Xid 79 lines; reboot, reseat it)"
+)
+
+
+def _pci_checks(ctx: HealthContext, pci: list[PciGpu]) -> list[Check]:
+    """NVIDIA GPUs on the PCI bus against NVML's list: a GPU the hardware holds but NVML does not list
+    (or NVML not starting at all) is a FAIL naming it, unless the job was given only some GPUs."""
+    snapshot, scope = ctx.snapshot, node_scope(ctx.node)
+    if not snapshot.gpus:
+        nvml = snapshot.error or "lists no GPU"
+        detail = f"{plural(len(pci), 'NVIDIA device')} on the PCI bus, NVML: {nvml}; {_OFF_THE_BUS}"
+        return [
+            Check(
+                name="gpu.reachable",
+                status=Status.FAIL,
+                value=0,
+                threshold={"equal": len(pci)},
+                unit="GPUs",
+                scope=scope,
+                detail=detail,
+            )
+        ]
+    listed = {bus_key(gpu.pci_bus_id) for gpu in snapshot.gpus}
+    unlisted = [device for device in pci if bus_key(device.address) not in listed]
+    lost = sum(1 for gpu in snapshot.gpus if bus_key(gpu.pci_bus_id) is None)  # counted, no address
+    if len(unlisted) <= lost or ctx.profile.health.allow_hidden_gpus:
+        return []
+    named = ", ".join(f"{device.address} (driver {device.driver or 'none'})" for device in unlisted)
+    return [
+        Check(
+            name="gpu.reachable",
+            status=Status.FAIL,
+            value=len(snapshot.gpus),
+            threshold={"equal": len(pci)},
+            unit="GPUs",
+            scope=scope,
+            detail=f"{plural(len(pci), 'NVIDIA GPU')} on the PCI bus, NVML lists {len(snapshot.gpus)}; "
+            f"not listed: {named}; {_OFF_THE_BUS}",
+        )
+    ]
+
+
 def _reachable_checks(ctx: HealthContext) -> list[Check]:
     snapshot = ctx.snapshot
+    pci = nvidia_gpus(ctx.root)
+    checks = _pci_checks(ctx, pci) if pci else []
     if not snapshot.gpus:
-        return [
+        return checks or [
             Check(
                 name="gpu.reachable",
                 status=Status.SKIP,
@@ -125,7 +172,6 @@ def _reachable_checks(ctx: HealthContext) -> list[Check]:
                 detail=why_no_gpus(snapshot),
             )
         ]
-    checks = []
     lost = [gpu for gpu in snapshot.gpus if not reachable(gpu)]
     for gpu in lost:
         reason = gpu.name.reason if isinstance(gpu.name, Unavailable) else "no answer"
@@ -144,7 +190,7 @@ def _reachable_checks(ctx: HealthContext) -> list[Check]:
                 ),
             )
         )
-    if not lost:
+    if not checks:
         checks.append(
             Check(
                 name="gpu.reachable",

@@ -12,11 +12,14 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuval.config import Profile
 from gpuval.nvml import NvmlSnapshot
 from gpuval.results import Check, Status
+
+if TYPE_CHECKING:
+    from gpuval.health.cuda import CudaView
 
 
 @dataclass
@@ -29,6 +32,9 @@ class HealthContext:
     kmsg: Path | None = Path("/dev/kmsg")  # kernel log for XID lines; None: not readable here
     own_pids: set[int] = field(default_factory=set)  # gpuval's own ranks: not foreign processes
     library: Any = None  # the NVML library (pynvml, or a replay in tests) for event waits
+    cuda: list[CudaView] | None = None  # CUDA's view from each of this node's ranks; None: read it here
+    history: Path | None = None  # accept's history database, read-only: XIDs before a passing run don't count
+    command: Literal["accept", "health"] = "health"  # what runs the checks: health.foreign_processes 'auto'
 
 
 @dataclass(frozen=True)

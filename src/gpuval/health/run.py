@@ -6,7 +6,7 @@ import difflib
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpuval import __version__
 from gpuval.config import Profile
@@ -15,6 +15,9 @@ from gpuval.health.registry import HealthContext, all_checks, run_health
 from gpuval.nvml import NvmlSnapshot
 from gpuval.nvml import snapshot as read_snapshot
 from gpuval.results import Check, Result, World, verdict
+
+if TYPE_CHECKING:
+    from gpuval.health.cuda import CudaView
 
 
 def families(profile: Profile) -> set[str]:
@@ -39,8 +42,13 @@ def node_health(
     own_pids: set[int] | None = None,
     snapshot: NvmlSnapshot | None = None,
     exclude: frozenset[str] = frozenset(),
+    cuda: list[CudaView] | None = None,
+    history: Path | None = None,
+    command: Literal["accept", "health"] = "health",
 ) -> list[Check]:
-    """Every health check of this node. `library` is pynvml or a replay; `snapshot` saves a second read."""
+    """Every health check of this node. `library` is pynvml or a replay; `snapshot` saves a second read;
+    `command` is what runs them (a foreign process FAILs `accept` and WARNs `health` by default);
+    `cuda`: the CUDA views of this node's ranks (accept), else this process reads its own."""
     ctx = HealthContext(
         profile=profile,
         node=node,
@@ -49,6 +57,9 @@ def node_health(
         kmsg=kmsg,
         own_pids={os.getpid()} if own_pids is None else own_pids,
         library=library,
+        cuda=cuda,
+        history=history,
+        command=command,
     )
     return run_health(ctx, families(profile) - exclude)
 

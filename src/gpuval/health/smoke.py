@@ -7,11 +7,11 @@ tolerance of 1e-9 catches any corrupted element while accepting a different summ
 
 CUDA devices are matched to NVML's GPUs by UUID (CUDA numbers GPUs fastest-first unless
 CUDA_DEVICE_ORDER=PCI_BUS_ID, and CUDA_VISIBLE_DEVICES may hide some), so the scope names NVML's index.
+A GPU CUDA cannot use is a SKIP here that points at cuda.visible, which FAILs it once for the node.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,22 +79,17 @@ def cuda_indices(torch: Any, gpus: list[Any]) -> list[tuple[Any, int | None]]:
     return pairs
 
 
-def why_no_cuda(torch: Any) -> tuple[Status, str]:
+def why_no_cuda(torch: Any) -> str:
+    """Why CUDA cannot run here, for a SKIP that points at cuda.visible (which judges it)."""
     if torch.version.cuda is None:
-        return Status.SKIP, f"this torch ({torch.__version__}) is built without CUDA"
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return Status.SKIP, "CUDA_VISIBLE_DEVICES hides every GPU"
+        return f"this torch ({torch.__version__}) is built without CUDA: see cuda.visible"
     try:
         torch.cuda.init()
     except Exception as exc:  # noqa: BLE001 - CUDA's own reason is the message
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     else:
         message = "CUDA sees no device"
-    return (
-        Status.FAIL,
-        f"NVML sees GPUs but CUDA cannot use them ({message}): check nvidia-fabricmanager runs (NVSwitch "
-        "systems), the driver supports this CUDA (nvidia-smi), and reboot if a GPU needs a reset",
-    )
+    return f"CUDA cannot use the GPUs NVML lists ({message}): see cuda.visible"
 
 
 def cuda_targets(ctx: HealthContext, name: str) -> tuple[list[tuple[str, Any]], list[Check]]:
@@ -109,13 +104,12 @@ def cuda_targets(ctx: HealthContext, name: str) -> tuple[list[tuple[str, Any]], 
     import torch
 
     if not torch.cuda.is_available():
-        status, reason = why_no_cuda(torch)
-        return [], [Check(name=name, status=status, scope=node_scope(ctx.node), detail=reason)]
+        return [], [skip(name, node_scope(ctx.node), why_no_cuda(torch))]
     targets, checks = [], []
     for gpu, index in cuda_indices(torch, gpus):
         scope = gpu_scope(ctx.node, gpu.index)
         if index is None:
-            checks.append(skip(name, scope, "CUDA cannot see this GPU (CUDA_VISIBLE_DEVICES?)"))
+            checks.append(skip(name, scope, "CUDA cannot see this GPU: see cuda.visible"))
         else:
             targets.append((scope, torch.device("cuda", index)))
     return targets, checks

@@ -1,8 +1,11 @@
 """XID events: what the NVIDIA driver reported as GPU errors, from two sources.
 
 (a) NVML's event API over a short window (`health.xid_window_s`): critical XIDs raised while health runs.
-(b) The kernel log (/dev/kmsg, read without blocking up to its end): every `NVRM: Xid` line since boot,
-    mapped to the GPU by PCI bus id (the kernel writes `PCI:DDDD:BB:DD`, NVML `DDDDDDDD:BB:DD.F`).
+(b) The kernel log (/dev/kmsg, read without blocking up to its end): every `NVRM: Xid` line, mapped to the
+    GPU by PCI bus id (the kernel writes `PCI:DDDD:BB:DD`, NVML `DDDDDDDD:BB:DD.F`), logged since the
+    latest of: boot, the node's last passing `gpuval accept` in the history database, `health.xid_since`.
+    Each record's time since boot plus the boot's wall time (/proc/stat btime) dates it, as `dmesg -T` does.
+    The driver logs no documented line for a GPU reset, so gpuval sees a reset only through the latter two.
 
 A critical XID (the table below, after NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors) is a FAIL
 naming its meaning and what to do; any other XID is a WARN (most are raised by applications).
@@ -15,11 +18,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuval.health._common import bus_key, gpu_scope, node_scope, reachable, skip, why_no_gpus
 from gpuval.health.registry import HealthCheck, HealthContext, register
+from gpuval.history import last_passing_run
 from gpuval.results import Check, Status
 
 
@@ -31,6 +36,12 @@ class Xid:
 
 
 _RESET = "reset the GPU (nvidia-smi -r) or reboot"
+# Appended to every critical XID's action: how it stops counting. The kernel log keeps it until reboot and
+# shows no GPU reset that gpuval could rely on, so after a reset the operator says when it happened.
+AFTER_RESET = (
+    "then rerun; XIDs logged before the node's last passing `gpuval accept` or before "
+    "--set health.xid_since=<time of the reset, ISO 8601> are not counted"
+)
 _DIAGNOSE = "drain the node and run field diagnostics (dcgmi diag -r 3)"
 XIDS: dict[int, Xid] = {
     13: Xid(
@@ -100,6 +111,10 @@ _XID_LINE = re.compile(
     r"(?P<xid>\d+),?\s*(?P<text>.*)"
 )
 _KMSG_MAX_BYTES = 64 * 2**20  # a kernel ring buffer is a few MiB at most; never read without end
+# What precedes `NVRM:` dates the line: a /dev/kmsg record `prio,seq,usec since boot,flags[,...];`
+# (Linux Documentation/ABI/testing/dev-kmsg), or dmesg's `[ seconds.micros]`, maybe after a syslog prefix.
+_KMSG_STAMP = re.compile(r"\d+,\d+,(?P<us>\d+),[^;]*;")
+_DMESG_STAMP = re.compile(r"\[\s*(?P<s>\d+\.\d+)\]\s*$")
 
 
 @dataclass
@@ -111,14 +126,68 @@ class Finding:
     count: int = 1
 
 
-def parse_kernel_log(text: str) -> list[tuple[str, int, str]]:
-    """(bus id, xid, rest of the message) of every NVRM Xid line, in order."""
+class LoggedXid(NamedTuple):
+    uptime_s: float | None  # when the kernel logged it, seconds since boot; None: no readable stamp
+    bus: str
+    xid: int
+    text: str
+
+
+def _uptime_s(prefix: str) -> float | None:
+    if match := _KMSG_STAMP.fullmatch(prefix):
+        return int(match["us"]) / 1e6
+    if match := _DMESG_STAMP.search(prefix):
+        return float(match["s"])
+    return None
+
+
+def parse_kernel_log(text: str) -> list[LoggedXid]:
+    """Every NVRM Xid line, in order, with its time since boot where the line has one."""
     found = []
     for line in text.splitlines():
         match = _XID_LINE.search(line)
         if match:
-            found.append((match["bus"], int(match["xid"]), match["text"].strip()))
+            stamp = _uptime_s(line[: match.start()])
+            found.append(LoggedXid(stamp, match["bus"], int(match["xid"]), match["text"].strip()))
     return found
+
+
+@dataclass(frozen=True)
+class Window:
+    """From when kernel-log XIDs count (wall time, seconds since the epoch), and what set that time."""
+
+    start: float
+    reason: str  # "boot", "last passing run" or "health.xid_since"
+
+    def phrase(self) -> str:
+        if self.reason == "boot":
+            return "since boot"
+        at = datetime.fromtimestamp(self.start, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"since {at} ({self.reason})"
+
+
+def boot_time(root: Path) -> float:
+    """Wall time of boot: `btime` of /proc/stat under `root` (a fake tree in tests), else the clocks' gap."""
+    try:
+        for line in (root / "proc" / "stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "btime":
+                return float(value)
+    except (OSError, ValueError):
+        pass
+    return time.time() - time.monotonic()
+
+
+def xid_window(ctx: HealthContext, boot: float) -> Window:
+    """The latest of boot, the node's last passing accept run (history) and health.xid_since: an XID
+    before a run that passed was already judged, one before health.xid_since was declared handled."""
+    windows = [Window(boot, "boot")]
+    passed = last_passing_run(ctx.history, ctx.node) if ctx.history is not None else None
+    if passed is not None:
+        windows.append(Window(passed.timestamp(), "last passing run"))
+    if ctx.profile.health.xid_since is not None:
+        windows.append(Window(ctx.profile.health.xid_since.timestamp(), "health.xid_since"))
+    return max(windows, key=lambda window: window.start)
 
 
 def read_kmsg(path: Path) -> str:
@@ -181,6 +250,7 @@ def _checks(ctx: HealthContext, name: str, source: str, findings: list[Finding])
         )
         times = f" {finding.count} times" if finding.count > 1 else ""
         said = f' ("{finding.text[:120]}")' if finding.text else ""
+        action = f"{info.action}; {AFTER_RESET}" if info.critical else info.action
         checks.append(
             Check(
                 name=name,
@@ -190,7 +260,7 @@ def _checks(ctx: HealthContext, name: str, source: str, findings: list[Finding])
                 scope=gpu_scope(ctx.node, finding.gpu_index)
                 if finding.gpu_index is not None
                 else node_scope(ctx.node),
-                detail=f"Xid {finding.xid} ({info.meaning}) on {where}{times} {source}{said}: {info.action}",
+                detail=f"Xid {finding.xid} ({info.meaning}) on {where}{times} {source}{said}: {action}",
             )
         )
     return checks
@@ -205,16 +275,24 @@ def _kernel_log(ctx: HealthContext) -> list[Check]:
     except OSError as exc:
         hint = " (run as root, or sysctl kernel.dmesg_restrict=0)" if isinstance(exc, PermissionError) else ""
         return [skip(name, scope, f"cannot read {ctx.kmsg}: {exc.strerror or exc}{hint}")]
+    boot = boot_time(ctx.root)
+    window = xid_window(ctx, boot)
     by_bus = _gpu_by_bus(ctx)
     findings: list[Finding] = []
-    for bus, xid, message in parse_kernel_log(text):
-        key = bus_key(bus)
-        _merge(
-            findings, Finding(xid=xid, bus_id=bus, gpu_index=by_bus.get(key) if key else None, text=message)
-        )
+    earlier = 0
+    for logged in parse_kernel_log(text):
+        # a line with no readable stamp cannot be shown to predate the window: it counts
+        if logged.uptime_s is not None and boot + logged.uptime_s < window.start:
+            earlier += 1
+            continue
+        key = bus_key(logged.bus)
+        gpu_index = by_bus.get(key) if key else None
+        _merge(findings, Finding(xid=logged.xid, bus_id=logged.bus, gpu_index=gpu_index, text=logged.text))
     if not findings:
-        return [Check(name=name, status=Status.PASS, scope=scope, detail=f"no NVRM Xid line in {ctx.kmsg}")]
-    return _checks(ctx, name, "in the kernel log since boot", findings)
+        not_counted = f"; {earlier} logged before it not counted" if earlier else ""
+        detail = f"no NVRM Xid line in {ctx.kmsg} {window.phrase()}{not_counted}"
+        return [Check(name=name, status=Status.PASS, scope=scope, detail=detail)]
+    return _checks(ctx, name, f"in the kernel log {window.phrase()}", findings)
 
 
 def _library(ctx: HealthContext) -> Any:
