@@ -46,7 +46,7 @@ trap stop_hog EXIT
 row() {  # row NAME HOW -- COMMAND...: run it under a 120 s limit, record exit code, wall time, verdict
   local name=$1 how=$2; shift 3
   local start end rc
-  rm -rf "$RUNS/$name"
+  rm -rf "${RUNS:?}/${name:?}"
   start=$(date +%s.%N)
   timeout 120 "$@" --output "$RUNS/$name" >"$RUNS/$name.out" 2>&1
   rc=$?
@@ -75,6 +75,7 @@ PY
 fi
 
 if [[ " $PHASES " == *" faults "* ]]; then
+  rm -f "$RUNS/rows.jsonl"
   # A profile of the matmul checks alone, for a shared node that allows other programs on the GPU.
   python3 - "$PROFILE" "$RUNS/matmul-only.yaml" <<'PY'
 import sys, yaml
