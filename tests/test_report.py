@@ -79,8 +79,8 @@ def test_cli_report_writes_beside_the_result_and_refuses_a_file_that_is_no_resul
     proc = gpuval(["report", str(other), "--output", str(tmp_path / "x.html")], tmp_path)
     assert proc.returncode == 2 and not (tmp_path / "x.html").exists()
     assert proc.stderr.strip().splitlines() == [
-        f"gpuval: {other} is not a gpuval result.json (verdict: Field required): pass the result.json "
-        "that gpuval accept wrote"
+        f"gpuval: {other} is not a gpuval result.json (schema: none, expected gpuval.result/v1): pass the "
+        "result.json that gpuval accept or health wrote"
     ]
 
 

@@ -14,7 +14,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -23,6 +22,7 @@ from pydantic import (
     StrictInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from gpuval.errors import UsageError
@@ -32,7 +32,7 @@ ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Threshold(_Strict):
@@ -42,6 +42,14 @@ class Threshold(_Strict):
     max: float | None = None
     bytes: ByteSize | None = None
     level: Literal["fail", "warn"] = Field("fail", description="what crossing the bound gives")
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Threshold:
+        if self.min is None and self.max is None:
+            raise ValueError("a check needs a bound: give min or max")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}: swap them")
+        return self
 
 
 class Expect(_Strict):
@@ -152,21 +160,11 @@ def builtin_profiles() -> list[str]:
 
 
 def read_yaml(path: Path, kind: str = "profile") -> dict[str, Any]:
-    """A YAML file holding a mapping; every problem is one UsageError line naming the `kind` of file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{kind} '{path}': cannot read it ({exc.strerror or exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"{kind} '{path}': broken YAML{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{kind} '{path}': expected a mapping of keys at the top, got {type(data).__name__}")
-    return data
+    """A YAML file holding a mapping, through the input gate (gpuval.inputs): every problem is one
+    UsageError line naming the `kind` of file."""
+    from gpuval.inputs import load_yaml_mapping
+
+    return load_yaml_mapping(path, kind)
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
@@ -192,10 +190,9 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
     parts = [part for part in key.strip().split(".") if part]
     if not parts:
         raise UsageError(f"--set '{assignment}': the key is empty")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    from gpuval.inputs import parse_yaml
+
+    value = parse_yaml(raw, f"--set '{key.strip()}'", lenient=True) if raw.strip() else ""
     return parts, value
 
 

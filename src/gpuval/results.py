@@ -84,19 +84,24 @@ def load_result(path: Path) -> Result:
     from pydantic import ValidationError
 
     from gpuval.errors import UsageError
+    from gpuval.inputs import load_json
 
+    data = load_json(path, "result file")
+    found = data.get("schema") if isinstance(data, dict) else None
+    if found != SCHEMA_ID:
+        shown = "none" if found is None else repr(found)[:60]
+        raise UsageError(
+            f"{path} is not a gpuval result.json (schema: {shown}, expected {SCHEMA_ID}): pass the "
+            "result.json that gpuval accept or health wrote"
+        )
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        return Result.model_validate_json(text)
+        return Result.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
         raise UsageError(
             f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
-            "result.json that gpuval accept wrote"
+            "result.json that gpuval accept or health wrote"
         ) from None
 
 

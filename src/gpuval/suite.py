@@ -69,7 +69,9 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
                 for check, t in profile.checks.items()
                 if t.bytes is not None and producers.get(check.split(".")[0]) == "collectives"
             }
-            overrides["extra_sizes"] = sorted(set(overrides.get("extra_sizes", [])) | sizes)
+            extra = overrides.get("extra_sizes", [])
+            if sizes and isinstance(extra, list):  # anything else is refused by the options' validation
+                overrides["extra_sizes"] = [*extra, *sorted(size for size in sizes if size not in extra)]
         plan[name] = bench.make_options(
             overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}"
         )

@@ -118,7 +118,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 class TimedOptions(BaseModel):
     """How long to warm up and time: the options every per-GPU benchmark shares."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     warmup: int = Field(3, ge=0, description="untimed calls first")
     repeats: int = Field(10, ge=1, description="timed windows at least; the median window is reported")

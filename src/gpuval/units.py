@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 # Binary multiples, as nccl-tests reads -b/-e ("1M" = 2**20); an explicit "B" without "i" means decimal.
 _BINARY = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _DECIMAL = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+MAX_BYTES = 2**50  # 1 PiB: no message, buffer or memory gpuval sizes is larger
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
 
 
@@ -15,9 +17,11 @@ def parse_bytes(value: int | float | str) -> int:
     if isinstance(value, bool):
         raise ValueError(f"not a byte size: {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0 or int(value) != value:
+        if not math.isfinite(value) or value < 0 or value > MAX_BYTES or int(value) != value:
             raise ValueError(f"not a byte size: {value!r}")
         return int(value)
+    if not isinstance(value, str):
+        raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
     match = _PATTERN.match(value)
     if not match:
         raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
@@ -26,6 +30,8 @@ def parse_bytes(value: int | float | str) -> int:
         raise ValueError(f"not a byte size: {value!r} (write e.g. 4096, 64MiB, 1GiB)")
     factor = _DECIMAL[prefix + "B"] if suffix == "B" and prefix else _BINARY[prefix]
     result = float(number) * factor
+    if not math.isfinite(result) or result > MAX_BYTES:
+        raise ValueError(f"byte size {value!r} is too large (at most 1 PiB)")
     if result != int(result):
         raise ValueError(f"not a whole number of bytes: {value!r}")
     return int(result)

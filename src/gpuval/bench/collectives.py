@@ -192,7 +192,7 @@ def exact_count(size_bytes: int, element_size: int, n: int) -> int:
 
 
 class CollectiveOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ops: list[OpName] = Field(default_factory=lambda: list(ALL_OPS))
     min_bytes: ByteSize = Field(description="smallest S")

@@ -26,7 +26,7 @@ from gpuval.config import apply_sets, read_yaml, validate_model
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LoraSettings(_Strict):
@@ -87,7 +87,9 @@ class EvalSettings(_Strict):
 class TrainSettings(_Strict):
     micro_batch_size: StrictInt = Field(2, ge=1, description="packed sequences per forward pass per rank")
     grad_accum_steps: StrictInt = Field(4, ge=1, description="micro-batches per optimizer step per rank")
-    lr: float = Field(2e-5, gt=0, description="peak learning rate, reached after warm-up")
+    lr: float = Field(
+        2e-5, gt=0, le=1.0, description="peak learning rate, reached after warm-up (AdamW: above 1 diverges)"
+    )
     warmup_steps: StrictInt = Field(10, ge=0, description="optimizer steps of linear warm-up from 0")
     max_steps: StrictInt = Field(100, ge=1, description="optimizer steps; cosine decays to 0 by then")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpuval.errors import UsageError
 from gpuval.finetune.glaive import NOT_JSON, MalformedRecord, convert_record
+from gpuval.inputs import MAX_DATASET_BYTES, decode_json, json_problem, read_input_text
 
 STATS_SCHEMA = "gpuval.finetune.prepare/v1"
 SPLITS = ("train", "eval", "eval_unseen")
@@ -84,20 +85,17 @@ def prepare(
 def read_jsonl(path: str | Path, what: str) -> list[tuple[int, Any]]:
     """(line number, decoded value) of every non-blank line of a prepared JSONL file; an unreadable file
     or a line that is not JSON is one UsageError naming `what`, the file and the line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise UsageError(f"{what} '{path}': cannot read it ({why or exc})") from None
+    lines = read_input_text(path, what, MAX_DATASET_BYTES).splitlines()
     values = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            values.append((number, json.loads(line)))
-        except json.JSONDecodeError as exc:
+            values.append((number, decode_json(line)))
+        except ValueError as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise UsageError(
-                f"{what} '{path}' line {number}: not JSON ({exc.msg}); write it with `finetune prepare`"
+                f"{what} '{path}' line {number}: not JSON ({why}); write it with `finetune prepare`"
             ) from None
     return values
 
@@ -111,11 +109,7 @@ def read_source(source: str) -> list[SourceRecord]:
         if path.suffix in (".json", ".jsonl") or source.startswith(("/", ".", "~")):
             raise UsageError(f"--input '{source}': no such file")
         return _read_dataset(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise UsageError(f"cannot read --input '{source}' ({why})") from None
+    text = read_input_text(path, "--input", MAX_DATASET_BYTES)  # a regular file of UTF-8 text, or exit 2
     records = _parse_text(source, text)
     if not records:
         raise UsageError(f"--input '{source}' holds no records")
@@ -125,22 +119,35 @@ def read_source(source: str) -> list[SourceRecord]:
 def _parse_text(source: str, text: str) -> list[SourceRecord]:
     if text.lstrip().startswith("["):  # a JSON list, as Glaive ships it
         try:
-            items = json.loads(text)
+            items = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise UsageError(
                 f"--input '{source}' is a JSON list that does not parse "
                 f"(line {exc.lineno}, column {exc.colno}: {exc.msg}); fix it or convert it to JSONL"
             ) from None
-        return [SourceRecord(f"record {i}", item) for i, item in enumerate(items, start=1)]
+        except (ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise UsageError(f"--input '{source}': {why}; fix it or convert it to JSONL") from None
+        if not isinstance(items, list):  # '[1] x' cannot get here; a list is what Glaive ships
+            raise UsageError(f"--input '{source}': expected a JSON list of records")
+        # a record holding what no JSON text can carry (a lone surrogate) is skipped like broken JSON
+        return [
+            SourceRecord(f"record {i}", _UNDECODABLE if json_problem(item) else item)
+            for i, item in enumerate(items, start=1)
+        ]
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            records.append(SourceRecord(f"line {number}", json.loads(line)))
-        except json.JSONDecodeError:
+            records.append(SourceRecord(f"line {number}", decode_json(line)))
+        except ValueError:  # not JSON, NaN, a lone surrogate, too deep: skipped and counted as not_json
             records.append(SourceRecord(f"line {number}", _UNDECODABLE))
     return records
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _read_dataset(name: str) -> list[SourceRecord]:
@@ -169,7 +176,11 @@ def convert_all(records: list[SourceRecord]) -> tuple[list[dict[str, Any]], dict
         try:
             if item.record is _UNDECODABLE:
                 raise MalformedRecord(NOT_JSON)
-            kept.append(convert_record(item.record))
+            conversation = convert_record(item.record)
+            problem = json_problem(conversation)  # e.g. a lone surrogate inside a call's arguments
+            if problem:
+                raise MalformedRecord(NOT_JSON, problem)
+            kept.append(conversation)
         except MalformedRecord as exc:
             detail = f"{item.where}: {exc.detail}" if exc.detail else item.where
             skipped.setdefault(exc.reason, []).append(detail)

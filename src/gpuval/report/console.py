@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpuval.checks import gap_to_median_pct
@@ -23,10 +24,12 @@ _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Statu
 
 def print_result(result: Result, console: Console, title: str | None = None) -> None:
     """The checks, worst first, and the verdict; `title` defaults to the accept run's world."""
-    table = Table(
-        title=title
-        or f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
-        f"{result.world.nodes} node(s) · {result.world.backend}",
+    table = Table(  # names and details come from profiles, nodes and files: never rich markup
+        title=escape(
+            title
+            or f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
+            f"{result.world.nodes} node(s) · {result.world.backend}"
+        ),
         title_justify="left",
     )
     for column in ("status", "check", "scope"):
@@ -37,11 +40,11 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
         value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
         table.add_row(
             f"[{STYLE[check.status]}]{check.status.value}[/]",
-            check.name,
-            check.scope,
-            value,
-            format_bound(check.threshold),
-            "" if check.status is Status.PASS else check.detail,  # a PASS needs no explanation
+            escape(check.name),
+            escape(check.scope),
+            escape(value),
+            escape(format_bound(check.threshold)),
+            "" if check.status is Status.PASS else escape(check.detail),  # a PASS needs no explanation
         )
     console.print(table)
     counts = defaultdict(int)
@@ -62,8 +65,11 @@ def format_bound(threshold: dict) -> str:
     ]
     if "match" in threshold:
         parts.append(f"~ {threshold['match']}")
-    if threshold.get("bytes") is not None:
-        parts.append(f"@ {format_bytes(threshold['bytes'])}")
+    size = threshold.get("bytes")
+    if isinstance(size, int) and not isinstance(size, bool):
+        parts.append(f"@ {format_bytes(size)}")
+    elif size is not None:  # not what gpuval writes: shown as it is
+        parts.append(f"@ {size}")
     return " ".join(parts)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -54,10 +55,10 @@ code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 def render_html(result: Result) -> str:
     """The whole page for `result`."""
     plots = [
-        ("collectives", "Collectives: bus bandwidth by message size", _collectives_plot(result)),
-        ("per-gpu", "Per GPU: matmul and HBM against the median", _per_gpu_plot(result)),
-        ("p2p", "GPU-to-GPU copy bandwidth", _p2p_plot(result)),
-        ("train", "Training throughput", _train_plot(result)),
+        ("collectives", "Collectives: bus bandwidth by message size", _guarded(_collectives_plot, result)),
+        ("per-gpu", "Per GPU: matmul and HBM against the median", _guarded(_per_gpu_plot, result)),
+        ("p2p", "GPU-to-GPU copy bandwidth", _guarded(_p2p_plot, result)),
+        ("train", "Training throughput", _guarded(_train_plot, result)),
     ]
     drawn = [
         f'<figure id="plot-{key}"><figcaption>{html.escape(caption)}</figcaption>{svg}</figure>'
@@ -79,6 +80,31 @@ def render_html(result: Result) -> str:
         f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
     )
+
+
+def _guarded(plot: Any, result: Result) -> str | None:
+    """A plot, or a line saying why it is not drawn: a result file may hold values gpuval never writes
+    (the schema leaves params and settings open), and the rest of the page is still worth having."""
+    try:
+        return plot(result)
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        why = html.escape(str(exc)[:200])
+        return f"<p>Not drawn: this result holds values gpuval does not write ({why}).</p>"
+
+
+def _number(value: Any) -> float | None:
+    """A finite int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _thresholds(result: Result) -> dict[str, Any]:
+    return _dict(_dict(result.settings.get("profile")).get("checks"))
 
 
 def write_html(result: Result, path: Path) -> Path:
@@ -137,18 +163,18 @@ def _all_checks(checks: list[Check]) -> str:
 
 
 def _inventory(result: Result) -> str:
-    nodes = result.inventory.get("nodes") or []
-    if not nodes:
+    nodes = [node for node in result.inventory.get("nodes") or [] if isinstance(node, dict)]
+    if not isinstance(result.inventory.get("nodes"), list) or not nodes:
         return '<h2 id="inventory">Nodes</h2><p>No inventory in this result.</p>'
     rows = []
     for node in nodes:
-        software = node.get("software") or {}
-        gpus = node.get("gpus") or []
+        software = _dict(node.get("software"))
+        gpus = node.get("gpus") if isinstance(node.get("gpus"), list) else []
         names: dict[str, int] = defaultdict(int)
         for gpu in gpus:
-            names[str(gpu.get("name"))] += 1
+            names[str(_dict(gpu).get("name"))] += 1
         models = ", ".join(f"{n}× {name}" for name, n in names.items()) or "no GPU"
-        comm = node.get("communication") or {}
+        comm = _dict(node.get("communication"))
         cells = [
             node.get("node", "?"),
             models,
@@ -199,21 +225,22 @@ def _collectives_plot(result: Result) -> str | None:
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in result.measurements:
         busbw = m.metrics.get("busbw_gbps")
-        if m.name in COLLECTIVES and busbw is not None and m.params.get("bytes"):
-            series[m.name].append((int(m.params["bytes"]), float(busbw)))
+        size = _number(m.params.get("bytes"))
+        if m.name in COLLECTIVES and busbw is not None and size is not None and size >= 1:
+            series[m.name].append((int(size), float(busbw)))
     if not series:
         return None
-    thresholds = (result.settings.get("profile") or {}).get("checks") or {}
+    thresholds = _thresholds(result)
     figure = _figure(9, 4.8)
     axes = figure.subplots()
     for index, (op, points) in enumerate(sorted(series.items())):
         points.sort()
         colour = f"C{index}"
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, color=colour, label=op)
-        bound = thresholds.get(f"{op}.busbw_gbps") or {}
-        if isinstance(bound.get("min"), (int, float)):
+        bound = _dict(thresholds.get(f"{op}.busbw_gbps"))
+        if _number(bound.get("min")) is not None:
             axes.axhline(bound["min"], color=colour, ls="--", lw=0.8)
-            if bound.get("bytes"):
+            if (_number(bound.get("bytes")) or 0) >= 1:
                 axes.plot([bound["bytes"]], [bound["min"]], marker="v", color=colour, ms=8)
     axes.set_xscale("log", base=2)
     ticks = sorted({p[0] for points in series.values() for p in points})
@@ -242,7 +269,7 @@ def _per_gpu_plot(result: Result) -> str | None:
             panels.append((name, metric, label, values))
     if not panels:
         return None
-    thresholds = (result.settings.get("profile") or {}).get("checks") or {}
+    thresholds = _thresholds(result)
     figure = _figure(9, 2.6 * len(panels))
     axes_list = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
     for axes, (name, metric, label, values) in zip(axes_list, panels, strict=True):
@@ -251,11 +278,16 @@ def _per_gpu_plot(result: Result) -> str | None:
         median = statistics.median(numbers)
         axes.bar(labels, numbers, color="C0")
         axes.axhline(median, color="k", lw=1, label=f"median {median:.4g}")
-        bound = thresholds.get(f"{name}.{metric}") or {}
-        if isinstance(bound.get("min"), (int, float)):
-            axes.axhline(bound["min"], color="C3", ls="--", lw=1, label=f"profile minimum {bound['min']:g}")
-        low = min(numbers + [bound.get("min") or min(numbers)])
-        axes.set_ylim(low * 0.9, max(numbers) * 1.04)
+        bound = _dict(thresholds.get(f"{name}.{metric}"))
+        minimum = _number(bound.get("min"))
+        if minimum is not None:
+            axes.axhline(minimum, color="C3", ls="--", lw=1, label=f"profile minimum {minimum:g}")
+        low, high = min(numbers + [minimum or min(numbers)]), max(numbers)
+        if low > 0:
+            axes.set_ylim(low * 0.9, high * 1.04)
+        else:  # zero or negative values (not a measurement gpuval writes): a margin around them
+            span = (max(high, minimum or high) - low) or 1.0
+            axes.set_ylim(low - 0.1 * span, max(high, minimum or high) + 0.05 * span)
         axes.set_ylabel(label, fontsize=8)
         axes.legend(fontsize=8, loc="lower right")
         axes.tick_params(axis="x", labelsize=8)
@@ -266,9 +298,10 @@ def _p2p_plot(result: Result) -> str | None:
     by_node: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
     for m in result.measurements:
         copy = m.metrics.get("copy_gbps")
-        if m.name == "p2p" and copy is not None and "src" in m.params and "dst" in m.params:
+        src, dst = m.params.get("src"), m.params.get("dst")
+        if m.name == "p2p" and copy is not None and _is_index(src) and _is_index(dst):
             node = re.sub(r"^link:", "", m.scope).split("/", 1)[0]
-            by_node[node][(int(m.params["src"]), int(m.params["dst"]))] = float(copy)
+            by_node[node][(int(src), int(dst))] = float(copy)
     if not by_node:
         return None
     import numpy as np
@@ -297,6 +330,11 @@ def _p2p_plot(result: Result) -> str | None:
     return _svg(figure)
 
 
+def _is_index(value: Any) -> bool:
+    """A GPU index as gpuval writes it (a small int ≥ 0)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 4096
+
+
 def _train_plot(result: Result) -> str | None:
     runs: list[Measurement] = [
         m for m in result.measurements if m.name == "train" and m.metrics.get("tokens_per_s_per_gpu")
@@ -311,8 +349,8 @@ def _train_plot(result: Result) -> str | None:
         labels.append(f"{p.get('model', '?')} {p.get('mode', '')} ×{p.get('world_size', 1)}".strip())
         value = float(m.metrics["tokens_per_s_per_gpu"])
         values.append(value)
-        low.append(value - float(m.metrics.get("tokens_per_s_per_gpu_min") or value))
-        high.append(float(m.metrics.get("tokens_per_s_per_gpu_max") or value) - value)
+        low.append(max(0.0, value - float(m.metrics.get("tokens_per_s_per_gpu_min") or value)))
+        high.append(max(0.0, float(m.metrics.get("tokens_per_s_per_gpu_max") or value) - value))
         mfu.append(m.metrics.get("mfu_pct"))
     bars = axes.bar(labels, values, yerr=[low, high], capsize=4, color="C2")
     for bar, share in zip(bars, mfu, strict=True):

@@ -1,0 +1,249 @@
+"""The one gate every input file passes: profiles, fine-tune configs, datasets, result files.
+
+A file is read only when it is a regular file (a FIFO, a device or a directory is refused without
+blocking on it), no larger than a bound, and strict UTF-8; YAML refuses duplicate keys, deep nesting and
+integers too large for any field; JSON refuses NaN/Infinity (gpuval writes null for them) and the same.
+Every problem is one UsageError line: the file, the place in it, and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuval.errors import UsageError
+
+MAX_BYTES = 64 * 2**20  # profiles, configs and result files are kilobytes; datasets megabytes
+MAX_DATASET_BYTES = 4 * 2**30
+MAX_DEPTH = 64  # nesting of mappings and lists; gpuval's own files are at most ~8 deep
+MAX_INT = 2**63 - 1  # no field holds more; a larger integer is a typo
+
+
+def read_input_text(path: str | os.PathLike[str], kind: str, max_bytes: int = MAX_BYTES) -> str:
+    """The text of `path`, a regular file of at most `max_bytes` of strict UTF-8."""
+    where = f"{kind} '{path}'"
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror or exc}); check the path") from None
+    _require_regular(info, where)
+    if info.st_size > max_bytes:
+        raise UsageError(
+            f"{where}: {info.st_size} bytes is more than the {max_bytes} allowed; is it the right file?"
+        )
+    try:
+        # O_NONBLOCK: should the path have become a FIFO since the stat, opening it does not wait
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror or exc}); check its permissions") from None
+    try:
+        _require_regular(os.fstat(fd), where)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise UsageError(f"{where}: more than the {max_bytes} bytes allowed; is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{where}: not UTF-8 text (byte {exc.start}: 0x{data[exc.start]:02x}); save it as UTF-8"
+        ) from None
+
+
+def _require_regular(info: os.stat_result, where: str) -> None:
+    if stat.S_ISREG(info.st_mode):
+        return
+    what = (
+        "a directory"
+        if stat.S_ISDIR(info.st_mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(info.st_mode)
+        else "a device"
+        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+        else "a socket"
+        if stat.S_ISSOCK(info.st_mode)
+        else "not a regular file"
+    )
+    raise UsageError(f"{where}: cannot read it (it is {what}, not a file); give the path of a file")
+
+
+# --- YAML ------------------------------------------------------------------------------------------------
+
+
+class _LimitError(yaml.constructor.ConstructorError):
+    """Valid YAML that gpuval refuses: a duplicate key, too deep, an integer too large."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys, nesting deeper than MAX_DEPTH and integers past MAX_INT."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _LimitError(None, None, f"nested more than {MAX_DEPTH} levels deep", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader itself says so below
+                    continue
+                if duplicate:
+                    raise _LimitError(
+                        None, None, f"duplicate key '{key}': keep only one", key_node.start_mark
+                    )
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):  # noqa: ANN001
+        digits = self.construct_scalar(node).replace("_", "").lstrip("+-")
+        if len(digits) > 40:  # int() of thousands of digits is slow, and refused past 4300
+            raise _LimitError(None, None, f"integer of {len(digits)} digits is too large", node.start_mark)
+        value = super().construct_yaml_int(node)
+        if abs(value) > MAX_INT:
+            raise _LimitError(
+                None, None, f"integer {value} is too large (at most {MAX_INT})", node.start_mark
+            )
+        return value
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+_StrictLoader.add_constructor("tag:yaml.org,2002:map", _StrictLoader.construct_yaml_map)
+
+
+def parse_yaml(text: str, where: str, lenient: bool = False) -> Any:
+    """YAML text through the strict loader; a problem is a UsageError naming `where` and the line.
+
+    `lenient` (a --set value): text that is no YAML is returned as it is, a refused value is still refused.
+    """
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        if lenient and not isinstance(exc, _LimitError):
+            return text
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{where}: broken YAML{at}: {problem}; fix it there") from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply; flatten it") from None
+
+
+def load_yaml_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
+    """A YAML file holding a mapping at the top."""
+    where = f"{kind} '{path}'"
+    data = parse_yaml(read_input_text(path, kind), where)
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping of keys at the top, got {type(data).__name__}")
+    return data
+
+
+# --- JSON ------------------------------------------------------------------------------------------------
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (gpuval writes null for it)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is too large")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 40:
+        raise ValueError(f"integer of {len(text)} digits is too large")
+    value = int(text)
+    if abs(value) > MAX_INT:
+        raise ValueError(f"integer {value} is too large (at most {MAX_INT})")
+    return value
+
+
+def decode_json(text: str) -> Any:
+    """Strict JSON: no NaN/Infinity, no overflowing numbers, no lone surrogate, bounded nesting; any
+    problem is a ValueError (json.JSONDecodeError for the syntax)."""
+    try:
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int
+        )
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
+    problem = json_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def parse_json(text: str, where: str) -> Any:
+    """decode_json, a problem being a UsageError naming `where`."""
+    try:
+        return decode_json(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); fix it there"
+        ) from None
+    except ValueError as exc:
+        raise UsageError(f"{where}: {exc}; fix the file") from None
+
+
+def json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why a decoded JSON value cannot be used (too deep, a lone UTF-16 surrogate), or None."""
+    if depth > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a number that is NaN or too large"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"a string holds a lone UTF-16 surrogate (\\u{ord(value[exc.start]):04x}), not text"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            problem = json_problem(key, depth + 1) or json_problem(item, depth + 1)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for item in value:
+            problem = json_problem(item, depth + 1)
+            if problem:
+                return problem
+    return None
+
+
+def load_json(path: str | os.PathLike[str], kind: str, max_bytes: int = MAX_BYTES) -> Any:
+    """A JSON file through the gate."""
+    return parse_json(read_input_text(path, kind, max_bytes), f"{kind} '{path}'")
+
+
+def is_regular_file(path: Path) -> bool:
+    """True for an existing regular file (never opens it)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
