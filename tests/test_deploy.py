@@ -161,6 +161,107 @@ def test_a_missing_env_profile_stops_the_job_before_any_step(script, tmp_path):
     ]
 
 
+def _fake_slurm(tmp_path: Path) -> tuple[str, Path]:
+    """(PATH with `sinfo` and `srun` stubs first, the file the last srun wrote its environment to): what
+    the job's steps would get, without a Slurm."""
+    folder, seen = tmp_path / "bin", tmp_path / "srun.env"
+    folder.mkdir()
+    (folder / "sinfo").write_text("#!/bin/sh\nexit 0\n")
+    (folder / "srun").write_text(f'#!/bin/sh\nenv -0 >"{seen}"\n')
+    for tool in ("sinfo", "srun"):
+        (folder / tool).chmod(0o755)
+    return f"{folder}:/usr/bin:/bin", seen
+
+
+def _job(script: str, tmp_path: Path, env_file: Path) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    path, seen = _fake_slurm(tmp_path)
+    env = {
+        "PATH": path,
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "GPUVAL_OUTPUT": str(tmp_path / "out"),
+        "GPUVAL_ENV": str(env_file),
+    }
+    command = ["bash", str(REPO / "deploy" / "slurm" / script)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    exported = seen.read_text() if seen.exists() else ""
+    return proc, dict(item.split("=", 1) for item in exported.split("\0") if "=" in item)
+
+
+@pytest.mark.parametrize("script", ["accept.sbatch", "finetune.sbatch"])
+def test_the_env_profile_is_read_as_data_and_a_command_in_a_value_never_runs(script, tmp_path):
+    """GPUVAL_ENV used to be `source`d: a $(...) in a value ran on every job. Now every value reaches the
+    job's steps exactly as written (one pair of quotes dropped), and nothing in it runs."""
+    pwned = tmp_path / "pwned"
+    env_file = tmp_path / "evil.env"
+    env_file.write_text(
+        "# a comment\n\n"
+        f"X=$(touch {pwned}-dollar)\n"
+        f"Y=`touch {pwned}-backtick`\n"
+        f"Z=1; touch {pwned}-semicolon\n"
+        'QUOTED="two words $HOME"\n'
+        "SINGLE='it''s'\n"
+        "NCCL_IB_HCA=mlx5\n"
+        "EMPTY=\n"
+        "CRLF=value\r\n"
+        "LAST=no newline at the end"
+    )
+    proc, seen = _job(script, tmp_path, env_file)
+    assert proc.returncode == 0, proc.stderr
+    assert not list(tmp_path.glob("pwned*"))
+    assert {key: seen.get(key) for key in ("X", "Y", "Z", "QUOTED", "SINGLE", "NCCL_IB_HCA", "EMPTY")} == {
+        "X": f"$(touch {pwned}-dollar)",
+        "Y": f"`touch {pwned}-backtick`",
+        "Z": f"1; touch {pwned}-semicolon",
+        "QUOTED": "two words $HOME",
+        "SINGLE": "it''s",
+        "NCCL_IB_HCA": "mlx5",
+        "EMPTY": "",
+    }
+    assert seen["CRLF"] == "value" and seen["LAST"] == "no newline at the end"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["touch {tmp}/pwned", "lower_case=1", "1ABC=1", "A-B=1", " NCCL_DEBUG=INFO", "UID=0", "=value"],
+)
+def test_an_env_profile_line_that_is_not_key_value_stops_the_job_before_any_step(line, tmp_path):
+    env_file = tmp_path / "bad.env"
+    env_file.write_text(f"NCCL_DEBUG=WARN\n{line.format(tmp=tmp_path)}\n")
+    proc, seen = _job("accept.sbatch", tmp_path, env_file)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert seen == {}  # no srun ran
+    assert not (tmp_path / "pwned").exists()
+    if line != "UID=0":  # a read-only shell variable: bash itself says so
+        assert proc.stderr.strip().splitlines() == [
+            f"gpuval: GPUVAL_ENV={env_file} line 2 is not KEY=VALUE with KEY like NCCL_IB_HCA: "
+            + line.format(tmp=tmp_path)
+        ]
+
+
+@pytest.mark.parametrize("profile", ENV_PROFILES, ids=lambda p: p.name)
+def test_the_jobs_export_each_shipped_env_profile_as_bash_source_would(profile, tmp_path):
+    pairs = dict(
+        line.split("=", 1)
+        for line in profile.read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    for script in ("accept.sbatch", "finetune.sbatch"):
+        (tmp_path / script).mkdir()
+        proc, seen = _job(script, tmp_path / script, profile)
+        assert proc.returncode == 0, proc.stderr
+        assert {key: seen.get(key) for key in pairs} == pairs
+
+
+def test_both_jobs_read_env_profiles_with_the_same_function():
+    texts = [(REPO / "deploy" / "slurm" / name).read_text() for name in ("accept.sbatch", "finetune.sbatch")]
+    functions = [re.search(r"\ngpuval_load_env\(\) \{\n.*?\n\}\n", text, re.S) for text in texts]
+    assert functions[0] and functions[1] and functions[0][0] == functions[1][0]
+    assert all("source" not in text.split("gpuval_load_env()")[1] for text in texts)
+
+
 HEALTHCHECK = str(REPO / "deploy" / "slurm" / "healthcheck.sh")
 
 

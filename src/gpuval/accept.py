@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -254,12 +255,71 @@ def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
     return result.model_copy(update={"checks": checks, "verdict": verdict(checks)})
 
 
-def write_reports(result: Result, output_dir: Path) -> list[Path]:
-    """result.json, junit.xml and report.html, in that order: the verdict's record first."""
+REPORT_NAMES = ("result.json", "junit.xml", "report.html")
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def write_reports(result: Result, output_dir: Path, history: Path | None = None) -> tuple[Result, list[Path]]:
+    """junit.xml, report.html and the history record first, result.json (the verdict's record) last.
+
+    Returns the result as written and the paths. result.json is written atomically and only once
+    everything before it is done, so a run killed while writing its reports leaves no verdict at all (an
+    older result.json in the folder is removed first), never a PASS beside a dead run's exit code. When a
+    report or the history record cannot be written, the result gets an ERROR check `report.write` saying
+    why, so its verdict (and the exit code derived from it) is ERROR, or FAIL where hardware failed;
+    junit.xml and report.html are then written again with it, as far as they can be. When result.json
+    itself cannot be written, a RunError (exit 3) says so and no result.json is there.
+    """
+    from gpuval.errors import RunError
     from gpuval.report.html import write_html
     from gpuval.report.junit import write_junit
 
-    result.write(output_dir / "result.json")
-    write_junit(result, output_dir / "junit.xml")
-    write_html(result, output_dir / "report.html")
-    return [output_dir / name for name in ("result.json", "junit.xml", "report.html")]
+    verdict_file = output_dir / "result.json"
+    writers = (
+        ("junit.xml", lambda r: write_junit(r, output_dir / "junit.xml")),
+        ("report.html", lambda r: write_html(r, output_dir / "report.html")),
+    )
+    try:
+        verdict_file.unlink(missing_ok=True)  # an older run's verdict must not stand beside this run's exit
+    except OSError as exc:
+        raise RunError(f"{verdict_file}: cannot replace it ({_why(exc)}): pass another --output") from None
+    problems = []
+    for name, write in writers:
+        try:
+            write(result)
+        except Exception as exc:  # any failure here makes the verdict ERROR, said in it
+            problems.append(f"{name} could not be written ({_why(exc)})")
+    if history is not None:
+        from gpuval.history import record
+
+        try:
+            record(history, _errored(result, problems) if problems else result)
+        except Exception as exc:
+            problems.append(f"history database {history}: the run could not be recorded ({_why(exc)})")
+    if problems:
+        result = _errored(result, problems)
+        for _name, write in writers:  # each report says the verdict the process exits with, if it can
+            with contextlib.suppress(Exception):  # result.json, written next, has it in any case
+                write(result)
+    try:
+        result.write(verdict_file)
+    except Exception as exc:
+        raise RunError(
+            f"{verdict_file} could not be written ({_why(exc)}); the run's verdict was "
+            f"{result.verdict.value}, and no result.json records it"
+        ) from None
+    return result, [output_dir / name for name in REPORT_NAMES]
+
+
+def _errored(result: Result, problems: list[str]) -> Result:
+    """The result with an ERROR check per problem: its verdict is ERROR unless hardware FAILed."""
+    checks = result.checks + [
+        Check(name="report.write", status=Status.ERROR, detail=f"{problem}: the run's reports are incomplete")
+        for problem in problems
+    ]
+    return result.model_copy(update={"checks": checks, "verdict": verdict(checks)})

@@ -83,12 +83,17 @@ def _check_gpus_for(ranks: int) -> None:
 
 
 def _distributed(
-    nproc: int | None, work, extra_argv: tuple[str, ...] = (), gpus_expected: bool = False
+    nproc: int | None,
+    work,
+    extra_argv: tuple[str, ...] = (),
+    gpus_expected: bool = False,
+    timeout_s: float = 300.0,
 ) -> int:
     """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
 
     `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same;
-    `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them).
+    `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them); `timeout_s`: the
+    collective timeout, which also bounds how long the launcher waits for a rank that outlives the others.
     """
     from gpuval.launch import launch_local, report_exit
     from gpuval.runtime import launcher_env
@@ -96,7 +101,7 @@ def _distributed(
     ranks = nproc if nproc is not None else _default_nproc(gpus_expected)
     if launcher_env() == "single" and ranks > 1:
         _check_gpus_for(ranks)
-        return launch_local(ranks, [*sys.argv[1:], *extra_argv])
+        return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s)
     try:
         code = work()
     except GpuvalError as exc:
@@ -144,11 +149,13 @@ def accept(
     from gpuval.config import load_profile, pick_profile
     from gpuval.discover import local_gpu_names
     from gpuval.discover.pci import nvidia_gpus
+    from gpuval.health.run import families
     from gpuval.history import history_path_from, open_history
     from gpuval.suite import plan_benchmarks
 
     name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
     loaded = load_profile(name, set_)
+    families(loaded)  # an unknown name in health.skip is bad input: said before any rank starts
     plan = plan_benchmarks(loaded, quick, _on_gpu())
     extra_argv: tuple[str, ...] = ()
     if output is None:
@@ -163,7 +170,6 @@ def accept(
 
     def work() -> int:
         from gpuval.accept import run_accept, with_drift, write_reports
-        from gpuval.history import record
         from gpuval.report.console import print_result
         from gpuval.runtime import init_runtime
 
@@ -172,7 +178,9 @@ def accept(
             if runtime.is_main and not json_:
                 err_console.print(
                     f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
+                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}",
+                    markup=False,
+                    highlight=False,
                 )
             if runtime.is_main:
                 with _progress() as bar:
@@ -194,17 +202,22 @@ def accept(
         if result is None:
             return EXIT_PASS
         result = with_drift(result, history_path, loaded.history)
-        paths = write_reports(result, output)
-        if history_path is not None:
-            record(history_path, result)
+        # the history record and reports first, result.json last: its verdict is the one we exit with
+        result, paths = write_reports(result, output, history_path)
         if json_:
             sys.stdout.write(result.to_json())
         else:
             print_result(result, console)
-            console.print(f"wrote {', '.join(str(p) for p in paths)}")
+            console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
-    return _distributed(nproc, work, extra_argv, gpus_expected=bool(loaded.expect.gpu_count))
+    return _distributed(
+        nproc,
+        work,
+        extra_argv,
+        gpus_expected=bool(loaded.expect.gpu_count),
+        timeout_s=loaded.runtime.timeout_s,
+    )
 
 
 @app.command()
@@ -235,6 +248,10 @@ def bench(
     if output is not None and os.environ.get("RANK", "0") == "0":
         from gpuval.atomic import ensure_writable_dir
 
+        if output.is_dir():  # said before any work, not after the benchmark ran
+            raise UsageError(
+                f"--output '{output}' is a directory; give a file name, e.g. {output}/bench.json"
+            )
         ensure_writable_dir(output.parent if str(output.parent) else Path("."))
 
     def work() -> int:
@@ -369,13 +386,13 @@ def health(
     history = history_path_from(None)  # read only: accept's last passing run there bounds the XID window
 
     def report(result) -> int:
-        paths = write_reports(result, output)
+        result, paths = write_reports(result, output)  # result.json last: ERROR if a report failed
         if json_:
             sys.stdout.write(result.to_json())
         else:
             where = node if result.world.nodes == 1 else f"{result.world.nodes} nodes"
             print_result(result, console, title=f"gpuval health · {where} · profile {loaded.name}")
-            console.print(f"wrote {', '.join(str(p) for p in paths)}")
+            console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     if launcher_env() == "single":  # one node, one process: no process group needed
@@ -397,7 +414,7 @@ def health(
         duration_s = time.perf_counter() - began
         return report(health_result(loaded, node, checks, None, started_at, duration_s, nodes, world))
 
-    return _distributed(None, across_nodes)
+    return _distributed(None, across_nodes, timeout_s=loaded.runtime.timeout_s)
 
 
 @app.command()
@@ -450,11 +467,13 @@ def report(
 
     loaded = load_result(result)
     target = output or result.parent / "report.html"
+    if target.is_dir():
+        raise UsageError(f"--output '{target}' is a directory; give a file name, e.g. {target}/report.html")
     try:
         write_html(loaded, target)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}: choose another --output") from None
-    console.print(f"wrote {target}")
+    console.print(f"wrote {target}", markup=False, highlight=False)
     return EXIT_PASS
 
 
@@ -470,13 +489,15 @@ def compare(
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> int:
     """Every measurement both results share, side by side: absolute and % change, better or worse."""
+    from rich.markup import escape
     from rich.table import Table
 
     from gpuval.report.compare import compare as compare_results
     from gpuval.report.compare import regressions, to_json
     from gpuval.results import load_result
 
-    rows, unmatched = compare_results(load_result(before), load_result(after))
+    earlier, later = load_result(before), load_result(after)
+    rows, unmatched = compare_results(earlier, later)
     if not rows:
         raise UsageError(
             f"{before} and {after} share no measurement: compare runs of the same benchmarks and scopes"
@@ -485,7 +506,7 @@ def compare(
     if json_:
         sys.stdout.write(to_json(rows, unmatched, worse))
     else:
-        table = Table(title=f"gpuval compare · {before} → {after}", title_justify="left")
+        table = Table(title=escape(f"gpuval compare · {before} → {after}"), title_justify="left")
         for column in ("measurement", "scope", "which", "metric"):
             table.add_column(column, overflow="fold")
         for column in ("before", "after", "change"):
@@ -494,10 +515,10 @@ def compare(
             style = {True: "green", False: "red", None: "dim"}[row.better]
             change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
             table.add_row(
-                row.name,
-                row.scope,
-                row.identity,
-                row.metric,
+                escape(row.name),
+                escape(row.scope),
+                escape(row.identity),
+                escape(row.metric),
                 f"{row.before:.4g}",
                 f"{row.after:.4g}",
                 f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
@@ -510,7 +531,20 @@ def compare(
             f"unchanged or not judged; {unmatched['only_before']} only before, "
             f"{unmatched['only_after']} only after"
         )
-    if fail_on_regression is None or not worse:
+    if fail_on_regression is None:
+        return EXIT_PASS
+    if later.verdict.value == "ERROR" or unmatched["only_before"]:  # a run that lost measurements regressed
+        why = [f"its verdict is {later.verdict.value}"] if later.verdict.value == "ERROR" else []
+        if unmatched["only_before"]:
+            why.append(f"it lost {unmatched['only_before']} measurement(s) that {before} has")
+        err_console.print(
+            f"gpuval: {after}: {' and '.join(why)}; find out why with gpuval report {after}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_FAIL
+    if not worse:
         return EXIT_PASS
     first = worse[0]
     err_console.print(
@@ -532,6 +566,7 @@ def history_command(
     json_: Annotated[bool, typer.Option("--json", help="print runs and trends as JSON")] = False,
 ) -> int:
     """Past accept runs of a node and each check's trend: its values, their median, the latest against it."""
+    from rich.markup import escape
     from rich.table import Table
 
     from gpuval.history import history_path_from, runs, trends
@@ -547,20 +582,20 @@ def history_command(
     if json_:
         sys.stdout.write(json.dumps({"node": chosen, "runs": listed, "trends": series}, indent=2) + "\n")
         return EXIT_PASS
-    table = Table(title=f"gpuval history · {path}", title_justify="left")
+    table = Table(title=escape(f"gpuval history · {path}"), title_justify="left")
     for column in ("run", "started", "profile", "verdict", "nodes"):
         table.add_column(column)
     for run in listed:
-        table.add_row(str(run["id"]), run["started_at"], run["profile"], run["verdict"], run["nodes"])
+        table.add_row(*(escape(str(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
     console.print(table)
-    trend_table = Table(title=f"trends · node {chosen} · last {last} runs", title_justify="left")
+    trend_table = Table(title=escape(f"trends · node {chosen} · last {last} runs"), title_justify="left")
     for column in ("check", "scope", "values (oldest → latest)", "median", "latest vs median"):
         trend_table.add_column(column, overflow="fold")
     for item in series:
         change = item["latest_vs_median_pct"]
         trend_table.add_row(
-            item["name"],
-            item["scope"],
+            escape(item["name"]),
+            escape(item["scope"]),
             " ".join(f"{v:.4g}" for v in item["values"]),
             f"{item['median']:.4g} {item['unit']}".strip(),
             "" if change is None else f"{change:+.1f} %",
@@ -711,10 +746,20 @@ def _finetune(
     from gpuval.finetune.config import load_finetune_config
 
     cfg = load_finetune_config(config, sets)  # a bad config is exit 2 before any rank starts
-    if data:
+    if os.environ.get("RANK", "0") == "0":  # every step writes there (data, adapter, eval.json): say it now
         from gpuval.atomic import ensure_writable_dir
 
         ensure_writable_dir(Path(cfg.output))
+    # One trainer per output folder: a second one is exit 2. The process that starts the run holds the lock
+    # (gpuval's launcher, not its ranks; rank 0 under torchrun/srun) until the run ends or it dies.
+    from gpuval.runtime import distributed_env
+
+    first = distributed_env()["rank"] == 0  # RANK under torchrun, SLURM_PROCID under srun
+    locked = train and first and "GPUVAL_EXIT_DIR" not in os.environ
+    if locked:
+        from gpuval.finetune.lock import lock_output
+
+        lock_output(cfg.output)
 
     def work() -> int:
         from gpuval.finetune.pipeline import make_data, run_eval
@@ -752,22 +797,64 @@ def _finetune(
         import torch
 
         nproc = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    return _distributed(nproc, work)
+    try:
+        return _distributed(nproc, work)
+    finally:
+        if locked:
+            from gpuval.finetune.lock import unlock_output
+
+            unlock_output(cfg.output)
+
+
+def _click_line(exc: Exception) -> str:
+    """A click usage error (unknown option, missing argument, bad value) as one line naming the help."""
+    message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "gpuval"
+    return f"gpuval: {message} (see {command} --help)"
 
 
 def main() -> None:
     """Entry point: usage errors exit 2 (typer), our own errors print one line with their exit code."""
-    from gpuval.runtime import leave_process
+    import signal
+
+    from gpuval.errors import Interrupted
+    from gpuval.launch import worker_start
+    from gpuval.runtime import launcher_env, leave_process
+
+    worker_start()  # a rank that gpuval's own launcher started: dies with it (launch.py)
+    if launcher_env() == "single":  # not a rank of torchrun/srun: SIGINT/SIGTERM end it in one line
+
+        def _interrupted(signum, _frame):
+            raise Interrupted(signum)
+
+        signal.signal(signal.SIGINT, _interrupted)
+        signal.signal(signal.SIGTERM, _interrupted)
+    try:  # typer >= 0.25 carries its own copy of click: its exceptions are the ones raised
+        from typer import _click as click
+    except ImportError:  # pragma: no cover - older typer, on click itself
+        import click
 
     code = 0
     try:
-        app(prog_name="gpuval")
+        # standalone_mode=False: click's own usage errors come here, to be said in one line
+        code = app(prog_name="gpuval", standalone_mode=False) or 0
+    except click.exceptions.NoArgsIsHelpError as exc:  # `gpuval` or `gpuval finetune` alone: the help
+        exc.show()
+        code = exc.exit_code
+    except click.ClickException as exc:
+        err_console.print(_click_line(exc), markup=False, highlight=False, soft_wrap=True)
+        code = exc.exit_code
+    except typer.Abort:
+        err_console.print("gpuval: aborted", markup=False, highlight=False)
+        code = 1
     except GpuvalError as exc:
         err_console.print(f"gpuval: {exc}", markup=False, highlight=False, soft_wrap=True)
         code = exc.exit_code
-    except KeyboardInterrupt:
-        err_console.print("gpuval: interrupted")
-        code = 130
+    except (Interrupted, KeyboardInterrupt) as exc:
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        err_console.print(f"gpuval: {stop}", markup=False, highlight=False, soft_wrap=True)
+        code = stop.exit_code
     except SystemExit as exc:  # typer ends every command this way
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0

@@ -27,3 +27,20 @@ class RunError(GpuvalError):
     """The tool could not complete its work: a crashed rank, a timeout, a missing device."""
 
     exit_code = EXIT_ERROR
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM (or SIGHUP/SIGQUIT) ended the run: exit 128 + the signal's number, one line.
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` in the work swallows it."""
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        import signal
+
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        try:
+            name = signal.Signals(self.signum).name
+        except ValueError:
+            name = f"signal {self.signum}"
+        super().__init__(f"interrupted ({name})" + (f"; {detail}" if detail else ""))

@@ -66,8 +66,19 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def open_history(path: Path) -> None:
-    """Create the database (and its folder) if needed: a UsageError naming the path when it cannot be."""
-    _connect(path).close()
+    """Create the database (and its folder) if needed, and prove a run can be recorded there: a row is
+    written and rolled back, so a read-only file, a folder where SQLite cannot create its journal, or a
+    file that is not SQLite is a UsageError naming the path before any work, not a traceback after it."""
+    with closing(_connect(path)) as db:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO runs (started_at, profile, verdict, nodes, gpuval_version, command) "
+                "VALUES ('', '', '', '', '', '')"
+            )
+            db.rollback()
+        except sqlite3.Error as exc:
+            raise UsageError(f"history database {path}: {exc}: pass --history PATH (or none)") from None
 
 
 def _owner(scope: str, group: str) -> str:

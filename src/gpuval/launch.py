@@ -4,30 +4,78 @@
 agent with 8 local ranks — exactly what `torchrun --standalone --nproc-per-node=8 -m gpuval ...` does.
 Workers report their exit code through a file, because the agent turns any non-zero worker exit into
 its own failure and would blur FAIL (1) into a crash; a worker that really dies is reported as ERROR.
+
+Process lifecycle (issue 19): every worker registers its pid in the exit folder and dies with the
+launcher (PR_SET_PDEATHSIG); a watchdog thread in the launcher stops ranks that are still running a grace
+period after another rank ended (a hung or stopped rank would otherwise keep the agent waiting for ever);
+SIGINT/SIGTERM to the launcher stop every worker and end the run as `Interrupted` (exit 130/143).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
-from gpuval.errors import EXIT_ERROR, RunError
+from gpuval.errors import EXIT_ERROR, Interrupted, RunError
 
 EXIT_DIR_VARIABLE = "GPUVAL_EXIT_DIR"
+LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
+PID_PREFIX = "pid-"
+# Once a rank has ended, how long the others may take to end too before the launcher stops them: the
+# group's collective timeout (the time a rank may wait for its peers), at most this many seconds.
+MAX_GRACE_S = 20.0
+SHUTDOWN_TIMEOUT_S = 5  # the agent's wait between SIGTERM and SIGKILL when it stops workers
+_STATES = {
+    "T": "stopped by a signal",
+    "t": "stopped by a debugger",
+    "D": "in uninterruptible sleep (a driver or device wait)",
+    "S": "blocked, waiting",
+    "R": "busy",
+    "Z": "already dead",
+}
 
 
-def launch_local(nproc: int, argv: list[str]) -> int:
+EXIT_DIR_PREFIX = "gpuval-exit-"
+
+
+def _sweep_stale_exit_dirs(temp: Path | None = None) -> None:
+    """Remove exit folders whose launcher is gone: a launcher killed with SIGKILL runs no `finally`, and
+    its folder (the ranks' exit codes, pids, the training benchmark's scratch) would stay in /tmp."""
+    for folder in (temp or Path(tempfile.gettempdir())).glob(f"{EXIT_DIR_PREFIX}*-*"):
+        pid = folder.name[len(EXIT_DIR_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: not ours to judge
+    return True
+
+
+def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    exit_dir = Path(tempfile.mkdtemp(prefix="gpuval-exit-"))
+    _quiet_agent()
+    _sweep_stale_exit_dirs()
+    exit_dir = Path(tempfile.mkdtemp(prefix=f"{EXIT_DIR_PREFIX}{os.getpid()}-"))
     os.environ[EXIT_DIR_VARIABLE] = str(exit_dir)
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     # One OpenMP thread pool per rank must not oversubscribe the cores (torchrun's own default is 1).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config = LaunchConfig(
@@ -39,19 +87,211 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
+        # SIGINT stays gpuval's own (cli.main: Interrupted, like KeyboardInterrupt): the agent then stops
+        # the workers with SIGTERM, which ends them silently, instead of forwarding SIGINT to every rank.
+        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        logs_specs=DefaultLogsSpecs(log_dir=str(exit_dir / "logs")),  # not a torchelastic_* dir left in /tmp
     )
+    watchdog = _Watchdog(exit_dir, nproc, grace_s=min(max(timeout_s, 1.0), MAX_GRACE_S), solo_s=timeout_s)
+    watchdog.start()
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)
-        codes = {int(p.name): int(p.read_text()) for p in exit_dir.iterdir() if p.name.isdigit()}
+        codes = _reported(exit_dir)
     except ChildFailedError as exc:
+        if watchdog.verdict:
+            raise RunError(watchdog.verdict) from None
+        if watchdog.lingered and _reported(exit_dir).keys() >= set(range(nproc)):
+            return _reported(exit_dir).get(0, EXIT_ERROR)  # finally below still cleans up
         rank, failure = exc.get_first_failure()
         how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         raise RunError(f"rank {rank} died ({how}) before finishing; its own output above says why") from None
+    except (SignalException, Interrupted, KeyboardInterrupt) as exc:
+        if isinstance(exc, SignalException):
+            signum = int(exc.sigval)
+        else:
+            signum = exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+        _ignore_interrupts()  # a second Ctrl-C must not cut the clean-up short
+        stopped = nproc - len(_reported(exit_dir))
+        raise Interrupted(signum, f"{stopped} rank{'s' if stopped != 1 else ''} stopped") from None
     finally:
+        watchdog.stop()
+        # Whatever the agent left running (a rank it could not reap, an interrupt in its own clean-up) goes.
+        _kill_workers(exit_dir, signal.SIGKILL)
         # Also after a dead rank or an interrupt: no exit folder is left behind in the temp directory.
         os.environ.pop(EXIT_DIR_VARIABLE, None)
+        os.environ.pop(LAUNCHER_PID_VARIABLE, None)
         shutil.rmtree(exit_dir, ignore_errors=True)
     return codes.get(0, EXIT_ERROR)
+
+
+def _quiet_agent() -> None:
+    """The agent's own warnings ("Received 15 death signal", "Sending process ... closing signal") and its
+    "failed (exitcode: ...)" line repeat what gpuval says in its one line; its other errors still show."""
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic."):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    api = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    if not any(isinstance(f, _DropFailedLine) for f in api.filters):
+        api.addFilter(_DropFailedLine())
+
+
+class _DropFailedLine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed (exitcode")
+
+
+class _Watchdog(threading.Thread):
+    """Ends the run when a rank outlives the others: once a rank has reported its exit code, every rank
+    still running `grace_s` later is stopped with SIGKILL (the agent then sees it die and stops the run).
+
+    A rank other than 0 that ended with exit 0 does not start the clock: rank 0 alone writes the results
+    after the last collective. Then the clock is the collective timeout itself (at least the grace)."""
+
+    def __init__(self, exit_dir: Path, nproc: int, grace_s: float, solo_s: float | None = None) -> None:
+        super().__init__(name="gpuval-watchdog", daemon=True)
+        self.exit_dir, self.nproc, self.grace_s = exit_dir, nproc, grace_s
+        self.solo_s = max(solo_s if solo_s is not None else grace_s, grace_s)
+        self.verdict = ""  # set when it stopped ranks that had not reported: the run's one-line error
+        self.lingered: list[int] = []  # ranks it stopped after they had reported their exit code
+        self._done = threading.Event()
+
+    def stop(self) -> None:
+        self._done.set()
+        if self.is_alive():
+            self.join(timeout=5)
+
+    def run(self) -> None:
+        first: tuple[float, int, int] | None = None  # (monotonic time, rank, code) of the first report
+        while not self._done.wait(0.2):
+            codes = _reported(self.exit_dir)
+            if not codes:
+                continue
+            if first is None:
+                rank = min(codes, key=lambda r: (r != 0 and codes[r] == 0, r))
+                first = (time.monotonic(), rank, codes[rank])
+            elif first[1] != 0 and first[2] == 0 and (0 in codes or any(codes.values())):
+                rank = 0 if 0 in codes else min(r for r, c in codes.items() if c)
+                first = (time.monotonic(), rank, codes[rank])
+            since, rank, code = first
+            limit = self.solo_s if rank != 0 and code == 0 else self.grace_s
+            if time.monotonic() - since < limit:
+                continue
+            pids = _worker_pids(self.exit_dir)
+            hung = sorted(r for r in pids if r not in _reported(self.exit_dir) and _alive_child(pids[r]))
+            if not hung:
+                # Every rank reported; one that still has not exited long after (stuck on its way out)
+                # goes too, and the run keeps the exit code it reported.
+                lingering = [r for r in pids if _alive_child(pids[r])]
+                if lingering and time.monotonic() - since >= self.solo_s + self.grace_s:
+                    self.lingered = lingering
+                    for r in lingering:
+                        _signal_group(pids[r], signal.SIGKILL)
+                    return
+                continue
+            states = {r: _state(pids[r]) for r in hung}
+            names = ", ".join(
+                f"rank {r}" + (f" ({_STATES[s]})" if s in _STATES else "") for r, s in states.items()
+            )
+            live = [r for r in hung if states[r] in ("S", "R")]
+            self.verdict = (
+                f"{names} still running {limit:g} s after rank {rank} ended (exit {code}): "
+                f"hung, stopped by gpuval"
+                + ("; its Python stack is above" if live else "")
+                + f"; rank {rank}'s own output above says why it ended"
+            )
+            for r in live:  # a live rank prints its Python stack (faulthandler, worker_start) first
+                _signal_group(pids[r], signal.SIGUSR1)
+            if live:
+                time.sleep(1.0)
+            for r in hung:
+                _signal_group(pids[r], signal.SIGKILL)
+            return
+
+
+def _reported(exit_dir: Path) -> dict[int, int]:
+    codes = {}
+    with contextlib.suppress(OSError):
+        for path in exit_dir.iterdir():
+            if path.name.isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    codes[int(path.name)] = int(path.read_text())
+    return codes
+
+
+def _worker_pids(exit_dir: Path) -> dict[int, int]:
+    pids = {}
+    with contextlib.suppress(OSError):
+        for path in exit_dir.iterdir():
+            if path.name.startswith(PID_PREFIX) and path.name[len(PID_PREFIX) :].isdigit():
+                with contextlib.suppress(OSError, ValueError):
+                    pids[int(path.name[len(PID_PREFIX) :])] = int(path.read_text())
+    return pids
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/PID/stat after the command name: [state, ppid, pgrp, ...]; [] if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _alive_child(pid: int) -> bool:
+    """PID is still one of this launcher's children (a reaped worker's pid may belong to anyone now)."""
+    fields = _stat(pid)
+    return len(fields) > 1 and int(fields[1]) == os.getpid() and fields[0] != "Z"
+
+
+def _state(pid: int) -> str:
+    fields = _stat(pid)
+    return fields[0] if fields else ""
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """The agent starts every worker in its own session: its process group is its pid."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, sig)
+
+
+def _kill_workers(exit_dir: Path, sig: signal.Signals) -> int:
+    killed = 0
+    for pid in _worker_pids(exit_dir).values():
+        if _alive_child(pid):
+            _signal_group(pid, sig)
+            killed += 1
+    return killed
+
+
+def _ignore_interrupts() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def worker_start() -> None:
+    """At the start of a worker that launch_local started: die with the launcher, register the pid, and
+    print the Python stack on SIGUSR1 (the watchdog asks for it before it stops a hung rank)."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if not exit_dir or "RANK" not in os.environ:
+        return
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE, "")
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if launcher.isdigit() and os.getppid() != int(launcher):
+            os._exit(EXIT_ERROR)  # the launcher died before the line above: nobody waits for this rank
+    import faulthandler
+
+    with contextlib.suppress(ValueError, OSError, AttributeError, RuntimeError):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    with contextlib.suppress(OSError):
+        (Path(exit_dir) / f"{PID_PREFIX}{os.environ['RANK']}").write_text(str(os.getpid()))
 
 
 def report_exit(code: int) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import statistics
 import tempfile
@@ -42,7 +43,7 @@ RECORD_SEED = 5  # synthetic data: the same records on every rank and in every r
 
 
 class TrainBenchOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="model folder, hub name, or shape ('qwen2-7b-shape': random weights)")
     tokenizer: str | None = Field("tiny", description="tokenizer (a shape has none; tiny ids fit any vocab)")
@@ -132,13 +133,25 @@ def synthetic_conversations(options: TrainBenchOptions) -> list[dict[str, Any]]:
     return joined
 
 
+def _scratch() -> tempfile.TemporaryDirectory:
+    """The synthetic data's folder, removed when the `with` ends, exceptions included. Under gpuval's own
+    launcher it lies inside the launcher's exit folder, which the launcher removes in its `finally`: so a
+    rank killed outright (SIGKILL, out of memory) leaves no /tmp/gpuval-train-* behind either."""
+    from gpuval.launch import EXIT_DIR_VARIABLE
+
+    parent = os.environ.get(EXIT_DIR_VARIABLE)
+    return tempfile.TemporaryDirectory(
+        prefix="gpuval-train-", dir=parent if parent and os.path.isdir(parent) else None
+    )
+
+
 def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
     from gpuval.finetune.config import finetune_config_from_dict
     from gpuval.finetune.train import PROFILE, train
 
     runtime = ctx.runtime
     ctx.progress("train: synthetic data")
-    with tempfile.TemporaryDirectory(prefix="gpuval-train-") as folder:
+    with _scratch() as folder:
         data = Path(folder) / "train.jsonl"
         lines = (json.dumps(c, ensure_ascii=False) + "\n" for c in synthetic_conversations(options))
         data.write_text("".join(lines), encoding="utf-8")

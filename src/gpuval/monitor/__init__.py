@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from gpuval.errors import EXIT_PASS
+from gpuval.errors import EXIT_PASS, Interrupted
 from gpuval.monitor.dashboard import render
 from gpuval.monitor.exporter import parse_address, serve
 from gpuval.monitor.sample import Reading, Sampler
@@ -80,8 +80,8 @@ def run_monitor(
             with Live(console=console, auto_refresh=False) as live:
                 for reading in readings:
                     live.update(render(reading), refresh=True)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a live monitor is meant to end
+    except (KeyboardInterrupt, Interrupted):
+        pass  # Ctrl-C (or a service manager's SIGTERM) is how a live monitor is meant to end: exit 0
     finally:
         if server is not None:
             server.shutdown()

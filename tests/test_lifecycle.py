@@ -1,0 +1,295 @@
+"""Process lifecycle of a run (issue 19): a hung rank, a killed or interrupted launcher, two trainers.
+
+Every run here is a real `gpuval` child process with 2 gloo ranks (or one process), a rank made to hang
+by tests/dist/hanghook/sitecustomize.py. Each test asserts the exit code, the seconds it took, that no
+worker process outlives the run (a /proc scan of the pids the workers registered), and that no PASS
+result was written.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import cli_env
+
+HANGHOOK = Path(__file__).parent / "dist" / "hanghook"
+TINY_CPU = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG, /proc")
+
+
+def _profile(tmp_path: Path, timeout_s: float) -> Path:
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text(
+        "name: tiny\n"
+        f"runtime: {{timeout_s: {timeout_s}}}\n"
+        "checks:\n"
+        "  all_reduce.busbw_gbps: {min: 0.000001, bytes: 4KiB}\n"
+        "benchmarks:\n"
+        "  collectives: {min_bytes: 4KiB, max_bytes: 4KiB, warmup: 0, iters: 1, repeats: 1}\n"
+    )
+    return profile
+
+
+def _start(args: list[str], tmp_path: Path, hang: str, rank: str = "1") -> subprocess.Popen[str]:
+    """`gpuval ARGS` in the background, rank RANK hanging ('stop' or 'sleep') at its first all_reduce."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HANGHOOK), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        TMPDIR=str(tmp_path / "tmp"),  # the launcher's exit folder lands here, where the test sees it
+        GPUVAL_TEST_HANG=hang,
+        GPUVAL_TEST_HANG_RANK=rank,
+        GPUVAL_TEST_HANG_MARK=str(tmp_path / "hung"),
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuval", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"gpuval ended (exit {proc.returncode}) before {path.name} appeared:\n{out}{err}")
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {timeout} s"
+        time.sleep(0.1)
+
+
+def _worker_pids(tmp_path: Path) -> list[int]:
+    """The pids the workers registered in the launcher's exit folder (launch.worker_start)."""
+    return [int(p.read_text()) for p in (tmp_path / "tmp").glob("gpuval-exit-*/pid-*") if p.read_text()]
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait a moment for its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def _assert_gone(pids: list[int], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in pids if _alive(pid)]
+    for pid in survivors:  # do not leave them behind for the next test, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"worker process(es) {survivors} outlived the run"
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"gpuval did not end within {timeout} s:\n{out}{err}")
+    return proc.returncode, out, err
+
+
+def _no_pass_result(results: Path) -> None:
+    result = results / "result.json"
+    if result.exists():
+        assert json.loads(result.read_text()).get("verdict") != "PASS"
+
+
+@pytest.mark.parametrize("hang", ["stop", "sleep"])
+def test_a_hung_rank_ends_a_self_launched_run_with_exit_3(tmp_path, hang):
+    """`kill -STOP` on a rank (or a rank blocked for ever): rank 0's collective times out, and the
+    launcher stops the hung rank a grace period later instead of waiting for ever."""
+    timeout_s = 4
+    results = tmp_path / "results"
+    began = time.monotonic()
+    proc = _start(
+        ["accept", "--profile", str(_profile(tmp_path, timeout_s)), "--output", str(results), "--nproc", "2"],
+        tmp_path,
+        hang,
+    )
+    _wait_for(tmp_path / "hung", proc)
+    pids = _worker_pids(tmp_path)
+    code, out, err = _finish(proc)
+    took = time.monotonic() - began
+    assert code == 3, out + err
+    assert took < timeout_s + 30, f"{took:.1f} s"
+    assert "Traceback" not in out + err, out + err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpuval: rank 1 ("), last
+    assert "hung, stopped by gpuval" in last
+    if hang == "stop":
+        assert "stopped by a signal" in last, last
+    else:  # a live rank prints where it was (faulthandler) before it is stopped
+        assert "its Python stack is above" in last, last
+        assert "in _hang" in err, err
+    assert len(pids) == 2
+    _assert_gone(pids)
+    _no_pass_result(results)
+    assert not list((tmp_path / "tmp").glob("gpuval-exit-*"))
+
+
+def test_killing_the_launcher_takes_its_workers_with_it(tmp_path):
+    results = tmp_path / "results"
+    proc = _start(
+        ["accept", "--profile", str(_profile(tmp_path, 60)), "--output", str(results), "--nproc", "2"],
+        tmp_path,
+        "sleep",
+    )
+    _wait_for(tmp_path / "hung", proc)
+    pids = _worker_pids(tmp_path)
+    assert len(pids) == 2
+    proc.kill()
+    code, _out, _err = _finish(proc)
+    assert code == -signal.SIGKILL
+    _assert_gone(pids, within=5.0)  # PR_SET_PDEATHSIG: the kernel kills them with the launcher
+    _no_pass_result(results)
+
+
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_to_the_launcher_stops_every_rank_with_one_line(tmp_path, sig, expected):
+    results = tmp_path / "results"
+    proc = _start(
+        ["accept", "--profile", str(_profile(tmp_path, 60)), "--output", str(results), "--nproc", "2"],
+        tmp_path,
+        "sleep",
+    )
+    _wait_for(tmp_path / "hung", proc)
+    pids = _worker_pids(tmp_path)
+    began = time.monotonic()
+    proc.send_signal(sig)
+    code, out, err = _finish(proc, timeout=30)
+    took = time.monotonic() - began
+    assert code == expected, out + err
+    assert took < 10, f"{took:.1f} s from the signal to the exit"
+    assert "Traceback" not in out + err, out + err
+    lines = [line for line in err.splitlines() if line.startswith("gpuval:")]
+    assert lines == [f"gpuval: interrupted ({sig.name}); 2 ranks stopped"], err
+    assert err.strip().splitlines()[-1] == lines[0], err
+    _assert_gone(pids)
+    _no_pass_result(results)
+    assert list((tmp_path / "tmp").iterdir()) == []  # no exit folder, no torchelastic_* log folder
+
+
+def _tiny_training(tmp_path: Path) -> Path:
+    """tiny-cpu.yaml on a dozen synthetic records, for many steps: a trainer that runs until stopped."""
+    import yaml
+
+    from gpuval.finetune.data import SourceRecord, convert_all
+    from gpuval.finetune.synth import synth_records
+
+    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(12, seed=3))]
+    conversations, _skipped = convert_all(records)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
+    config = yaml.safe_load(TINY_CPU.read_text())
+    config.pop("synth", None)
+    config.pop("prepare", None)
+    config["data"] = {"train": str(train), "max_seq_len": 256}
+    config["train"].update(max_steps=10000, warmup_steps=1, save_every_steps=0)
+    config["output"] = str(tmp_path / "run")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_second_trainer_on_the_same_output_is_refused(tmp_path):
+    pytest.importorskip("peft")
+    config = _tiny_training(tmp_path)
+    lock = tmp_path / "run" / ".gpuval.lock"
+    first = _start(["finetune", "train", "--config", str(config)], tmp_path, "sleep", rank="none")
+    deadline = time.monotonic() + 30
+    while not (lock.exists() and lock.read_text().strip() == str(first.pid)):
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the first trainer did not take the lock"
+        time.sleep(0.1)
+
+    began = time.monotonic()
+    second = subprocess.run(
+        [sys.executable, "-m", "gpuval", "finetune", "train", "--config", str(config)],
+        cwd=tmp_path,
+        env=cli_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - began
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert took < 15, f"{took:.1f} s"
+    assert "Traceback" not in second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1, second.stderr
+    assert (
+        lines[0].startswith("gpuval: output ") and f"in use by another trainer (pid {first.pid})" in lines[0]
+    )
+
+    # SIGTERM to a single-process run: exit 143, one line, and the lock is free again
+    first.send_signal(signal.SIGTERM)
+    code, out, err = _finish(first, timeout=30)
+    assert code == 143, out + err
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines()[-1] == "gpuval: interrupted (SIGTERM)", err
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock outlived its trainer
+
+
+def test_under_external_torchrun_a_failing_rank_still_prints_its_line(tmp_path):
+    """Not gpuval's launcher: torchrun ends the run; rank 0 still says in one line what went wrong."""
+    killhook = Path(__file__).parent / "dist" / "killhook"
+    results = tmp_path / "results"
+    began = time.monotonic()
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "gpuval",
+            "accept",
+            "--profile",
+            str(_profile(tmp_path, 10)),
+            "--output",
+            str(results),
+        ],
+        cwd=tmp_path,
+        env=cli_env(PYTHONPATH=str(killhook), GPUVAL_TEST_KILL_RANK="1", OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    took = time.monotonic() - began
+    assert proc.returncode != 0
+    assert took < 40, f"{took:.1f} s"
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: ")]
+    assert any("rank 0" in line for line in lines), proc.stderr
+    _no_pass_result(results)
+
+
+def test_a_killed_launchers_exit_folder_is_swept_by_the_next_launch(tmp_path):
+    """SIGKILL runs no `finally`: the next launcher removes exit folders whose launcher is gone, and only
+    those (a live launcher's folder stays)."""
+    from gpuval.launch import _sweep_stale_exit_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"gpuval-exit-{gone.pid}-abc123"
+    live = tmp_path / f"gpuval-exit-{os.getpid()}-def456"
+    other = tmp_path / "gpuval-exit-notapid"
+    for folder in (stale, live, other):
+        (folder / "sub").mkdir(parents=True)
+    _sweep_stale_exit_dirs(tmp_path)
+    assert not stale.exists() and live.exists() and other.exists()
