@@ -194,3 +194,188 @@ def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
     )
     with pytest.raises(UsageError, match=r"^deepspeed config '.*zero3\.json': cannot read it"):
         train(cfg, runtime, save_adapter=False, quiet=True)
+
+
+# --- a diverging run stops; checkpoints resume without unpickling anything ---------------------------------
+
+
+def test_a_nan_loss_is_an_error_naming_the_step_and_nothing_of_that_step_is_saved(
+    runtime, train_file, tmp_path, monkeypatch
+):
+    from gpuval.errors import RunError
+    from gpuval.finetune import kernels
+
+    plain_loss, calls = kernels.LossHead.__call__, []
+
+    def nan_from_step_3(self, output, labels):  # 2 micro-batches a step: calls 5 and on are step 3
+        calls.append(1)
+        loss = plain_loss(self, output, labels)
+        return loss * float("nan") if len(calls) > 4 else loss
+
+    monkeypatch.setattr(kernels.LossHead, "__call__", nan_from_step_3)
+    settings = {"max_steps": 4, "save_every_steps": 1, "keep_last": 10}
+    cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / "run", **settings))
+    with pytest.raises(RunError, match=r"diverged at step 3: loss nan") as caught:
+        train(cfg, runtime)
+    assert caught.value.exit_code == 3
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000001", "step-00000002"]  # none of step 3, no temp folder
+    assert not (tmp_path / "run" / "adapter").exists()
+    assert not (tmp_path / "run" / "train_summary.json").exists()
+    saved = lora_weights(tmp_path / "run" / "checkpoints" / "step-00000002" / "adapter")
+    assert all(torch.isfinite(w).all() for w in saved.values())
+
+
+def test_an_infinite_lr_stops_at_the_first_step_whose_update_is_not_finite(runtime, train_file, tmp_path):
+    """train.lr=.inf is refused by the config now; a config built past validation still cannot save NaN:
+    step 1's loss is finite (the weights are still the initial ones), its update is not."""
+    from gpuval.errors import RunError
+
+    cfg = finetune_config_from_dict(
+        config_dict(train_file, tmp_path / "run", max_steps=2, save_every_steps=1)
+    )
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lr": float("inf")})})
+    with pytest.raises(RunError, match=r"diverged at step 1: loss [^,n]+, \d+ adapter tensor\(s\) with NaN"):
+        train(cfg, runtime)
+    assert not (tmp_path / "run" / "adapter").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any(
+        (tmp_path / "run" / "checkpoints").iterdir()
+    )
+
+
+def test_two_ranks_diverging_both_stop_at_the_same_step_with_exit_3(train_file, tmp_path):
+    """lr 1e30 (set past the config's bound of 1 by the worker) blows the weights up: the loss, reduced
+    over the ranks, is the same number on both, so both raise at the same step and neither waits."""
+    config = tmp_path / "run.yaml"
+    data = config_dict(train_file, tmp_path / "run", max_steps=4, save_every_steps=1, warmup_steps=1)
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*torchrun, str(WORKER), str(config), str(tmp_path / "out.json"), "1e30"],
+        env=cli_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    errors = [(tmp_path / f"out.json.rank{rank}.error").read_text(encoding="utf-8") for rank in (0, 1)]
+    assert errors[0] == errors[1] and errors[0].startswith("3 training diverged at step "), errors
+    step = int(errors[0].split("at step ")[1].split(":")[0])
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert saved == [f"step-{s:08d}" for s in range(1, step)]
+    assert not (tmp_path / "run" / "adapter").exists() and not (tmp_path / "out.json").exists()
+
+
+class _Payload:
+    """Unpickling this runs open(marker, 'w'): what a planted checkpoint file would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+@pytest.fixture(scope="module")
+def checkpointed(train_file, tmp_path_factory) -> tuple[dict, Path]:
+    """A run stopped after its step-2 checkpoint (a run of its own, in a module-scoped folder)."""
+    import os
+
+    from conftest import is_launcher_variable
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
+    try:
+        rt = init_runtime(timeout_s=30, backend="gloo")
+        try:
+            output = tmp_path_factory.mktemp("checkpointed") / "run"
+            data = config_dict(train_file, output, max_steps=4, save_every_steps=2)
+            train(finetune_config_from_dict(data), rt, stop_after_step=2)
+        finally:
+            rt.shutdown()
+    finally:
+        os.environ.update(saved)
+    return data, output
+
+
+def _copy_run(checkpointed, tmp_path) -> tuple[dict, Path]:
+    import shutil
+
+    data, source = checkpointed
+    output = tmp_path / "run"
+    shutil.copytree(source, output)
+    return {**data, "output": str(output)}, output / "checkpoints" / "step-00000002"
+
+
+def _pickle_payload(folder: Path, marker: Path) -> None:
+    torch.save(_Payload(marker), folder / "trainer_state.pt")
+
+
+CORRUPTIONS = {
+    "pickle payload": (_pickle_payload, "trainer_state.pt' is not a trainer state gpuval wrote"),
+    "truncated trainer state": (
+        lambda f, _m: (f / "trainer_state.pt").write_bytes((f / "trainer_state.pt").read_bytes()[:500]),
+        "trainer_state.pt' is not a trainer state gpuval wrote",
+    ),
+    "trainer state of other keys": (
+        lambda f, _m: torch.save({"weights": torch.zeros(2)}, f / "trainer_state.pt"),
+        "trainer_state.pt' lacks the keys",
+    ),
+    "state.json not JSON": (
+        lambda f, _m: (f / "state.json").write_text("{step: 2", encoding="utf-8"),
+        "state.json' cannot be read as JSON",
+    ),
+    "state.json without step": (
+        lambda f, _m: (f / "state.json").write_text('{"world_size": 1}', encoding="utf-8"),
+        "state.json' lacks an integer 'step'",
+    ),
+    "rng garbage": (
+        lambda f, _m: (f / "rng-rank0.json").write_text('{"python": [3, [1, 2], null]}', encoding="utf-8"),
+        "rng-rank0.json' is not an RNG state gpuval wrote",
+    ),
+    "rng not JSON": (
+        lambda f, _m: (f / "rng-rank0.json").write_bytes(b"\x80\x04garbage"),
+        "rng-rank0.json' cannot be read as JSON",
+    ),
+    "old pickled rng": (
+        lambda f, m: ((f / "rng-rank0.json").unlink(), torch.save(_Payload(m), f / "rng-rank0.pt")),
+        "rng-rank0.pt' is a pickle from an older gpuval, not loaded",
+    ),
+    "foreign step folder": (
+        lambda f, _m: (f.parent / "step-foo").mkdir(),
+        "step-foo' is not a gpuval checkpoint",
+    ),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_corrupt_or_planted_checkpoint_is_refused_naming_the_file_and_runs_no_pickle(
+    runtime, checkpointed, tmp_path, corruption
+):
+    data, checkpoint = _copy_run(checkpointed, tmp_path)
+    marker = tmp_path / "pwned"
+    damage, fragment = CORRUPTIONS[corruption]
+    damage(checkpoint, marker)
+    with pytest.raises(UsageError, match="start without --resume") as caught:
+        train(finetune_config_from_dict(data), runtime, resume=True)
+    assert fragment in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.exit_code == 2
+    assert not marker.exists()
+
+
+def test_the_planted_pickle_is_live_and_the_cli_refuses_it_with_exit_2(checkpointed, tmp_path, gpuval):
+    data, checkpoint = _copy_run(checkpointed, tmp_path)
+    live = tmp_path / "live"
+    _pickle_payload(checkpoint, live)
+    torch.load(checkpoint / "trainer_state.pt", weights_only=False)  # what --resume did before
+    assert live.exists()  # so the payload below would run, were it unpickled
+
+    marker = tmp_path / "pwned"
+    _pickle_payload(checkpoint, marker)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data), encoding="utf-8")
+    proc = gpuval(["finetune", "train", "--config", str(config), "--resume"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert not marker.exists()
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval")]  # no model-loading bars
+    assert len(lines) == 1 and "trainer_state.pt" in lines[0] and "start without --resume" in lines[0]
+    assert "Traceback" not in proc.stderr

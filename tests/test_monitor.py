@@ -9,13 +9,17 @@ GPU without them does, unless a test gives it synthetic counters, marked as such
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import os
+import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -377,6 +381,97 @@ def test_exporter_scraped_over_http_names_and_labels_as_dcgm_exporter(tmp_path):
     assert [s.labels for s in families["gpuval_infiniband_rx_bytes_per_second"]] == [
         {"Hostname": "gpu-node-07", "hca": "mlx5_0", "port": "1"}
     ]
+
+
+def _reading(tmp_path: Path) -> Reading:
+    """The h200x4 recording as the monitor reads it (second reading of a pair)."""
+    sampler = Sampler(MonitorReplay(load("h200x4")), write_node(tmp_path), clock(0.0, 2.0))
+    sampler.sample()
+    return sampler.sample()
+
+
+def _requests_at_once(port: int, count: int, request: bytes, limit_s: float) -> list[tuple[float, bytes]]:
+    """`count` connections opened and sent `request` back to back from one thread, then read together
+    until the server closes each: (seconds from connect to the whole reply, reply) per connection."""
+    selector = selectors.DefaultSelector()
+    started: dict[socket.socket, float] = {}
+    replies: dict[socket.socket, bytearray] = {}
+    for _ in range(count):
+        began = time.monotonic()
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(request)
+        sock.setblocking(False)
+        started[sock], replies[sock] = began, bytearray()
+        selector.register(sock, selectors.EVENT_READ)
+    done: list[tuple[float, bytes]] = []
+    deadline = time.monotonic() + limit_s
+    while replies and time.monotonic() < deadline:
+        for key, _events in selector.select(timeout=0.5):
+            sock = key.fileobj
+            data = sock.recv(1 << 16)
+            if data:
+                replies[sock] += data
+                continue
+            done.append((time.monotonic() - started[sock], bytes(replies.pop(sock))))
+            selector.unregister(sock)
+            sock.close()
+    for sock in replies:
+        sock.close()
+    selector.close()
+    return done
+
+
+def test_300_concurrent_scrapes_finish_within_a_second_from_one_rendering(tmp_path):
+    reading = _reading(tmp_path)
+    server, _ = serve(("127.0.0.1", 0), lambda: reading)
+    try:
+        request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        done = _requests_at_once(server.server_address[1], 300, request, limit_s=10)
+        assert server.renders == 1  # one reading: rendered once, not once per scrape
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(done) == 300
+    seconds = sorted(elapsed for elapsed, _reply in done)
+    assert seconds[296] <= 1.0, f"p99 {seconds[296]:.2f} s, max {seconds[-1]:.2f} s"  # 297th of 300
+    assert all(reply.startswith(b"HTTP/1.1 200 OK\r\n") for _elapsed, reply in done)
+    bodies = {reply.partition(b"\r\n\r\n")[2] for _elapsed, reply in done}
+    families = {f.name: f.samples for f in text_string_to_metric_families(bodies.pop().decode())}
+    assert len(bodies) == 0 and len(families["DCGM_FI_DEV_GPU_UTIL"]) == 4
+
+
+def test_idle_connections_are_closed_after_the_timeout_and_hold_no_thread(tmp_path):
+    reading = _reading(tmp_path)
+    threads_before = threading.active_count()
+    server, _ = serve(("127.0.0.1", 0), lambda: reading, idle_timeout_s=0.5)
+    try:
+        port = server.server_address[1]
+        opened = time.monotonic()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a head never finished
+        # Beside them a scraper is answered at once, twice on one keep-alive connection.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        for _ in range(2):
+            began = time.monotonic()
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200 and b"DCGM_FI_DEV_GPU_UTIL" in response.read()
+            assert time.monotonic() - began < 1.0
+        # The loop thread and the one rendering worker: no thread per connection.
+        assert threading.active_count() <= threads_before + 2
+        closed = []
+        for sock in [*idle, slow]:
+            sock.settimeout(5)
+            assert sock.recv(1) == b""  # the server closed it
+            closed.append(time.monotonic() - opened)
+            sock.close()
+        assert 0.45 <= closed[0] and closed[-1] <= 0.5 + 1.5, (closed[0], closed[-1])
+        assert threading.active_count() <= threads_before + 2
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize(

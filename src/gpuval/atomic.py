@@ -47,3 +47,25 @@ def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
             "pass --output with a writable directory"
         ) from None
     return directory
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a folder's entries (names created, renamed or removed in it) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: str | os.PathLike[str]) -> None:
+    """Flush every file and folder under `path`, `path` included: their data is on disk before a rename
+    publishes the folder, so a crash never leaves a renamed folder with empty or short files."""
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)

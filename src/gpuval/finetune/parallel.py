@@ -20,7 +20,6 @@ partitions). Both also write the adapter in PEFT format.
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -30,8 +29,10 @@ import torch
 
 from gpuval.errors import UsageError
 from gpuval.finetune.optim import make_optimizer_and_schedule
+from gpuval.inputs import load_json
 
-TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0)
+TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
+# tensors and plain values only, read back with torch.load(weights_only=True): no pickled code runs
 DEEPSPEED_DIR = "deepspeed"  # deepspeed checkpoints: the engine's own files
 DEEPSPEED_TAG = "state"
 
@@ -83,6 +84,14 @@ class Parallel:
         self.optimizer.zero_grad(set_to_none=True)
         return float(_full(norm))
 
+    def nonfinite_weights(self) -> torch.Tensor:
+        """How many of this rank's adapter tensors (its shards under FSDP or ZeRO-3) hold a NaN or inf: a
+        0-d tensor on the device, so the check costs no host synchronisation of its own."""
+        local = [_local(p) for p in self.trainable]
+        if not local:
+            return torch.zeros((), dtype=torch.float64, device=self.runtime.device)
+        return torch.stack([torch.isfinite(t).all() for t in local]).logical_not().sum().double()
+
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights by name, complete, on the CPU (rank 0; other ranks may get an empty dict).
         A collective: every rank must call it."""
@@ -112,7 +121,19 @@ class Parallel:
             torch.save(state, folder / TRAINER_STATE)
 
     def load_state(self, folder: Path) -> None:
-        self.load_trainer_state(torch.load(folder / TRAINER_STATE, weights_only=False))
+        """TRAINER_STATE read with `weights_only=True`: tensors, dicts, lists and numbers only, so a pickle
+        placed there runs no code; anything else (a foreign, short or garbled file) is a UsageError."""
+        path = folder / TRAINER_STATE
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise _bad_state(path, folder, "is missing") from None
+        except Exception as exc:  # noqa: BLE001 - UnpicklingError, a short zip, a foreign format: all refused
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise _bad_state(path, folder, f"is not a trainer state gpuval wrote ({reason[:200]})") from None
+        if not isinstance(state, dict) or not {"adapter", "optimizer", "scheduler"} <= state.keys():
+            raise _bad_state(path, folder, "lacks the keys adapter, optimizer and scheduler")
+        self.load_trainer_state(state)
 
     def load_trainer_state(self, state: dict[str, Any]) -> None:
         """What trainer_state returned (every rank reads the same file)."""
@@ -240,12 +261,7 @@ def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> 
     path = cfg.train.deepspeed_config
     if not path:
         raise UsageError("train.parallel is deepspeed but train.deepspeed_config names no JSON file")
-    try:
-        settings = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"deepspeed config '{path}': cannot read it ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"deepspeed config '{path}': not JSON ({exc.msg} at line {exc.lineno})") from None
+    settings = load_json(path, "deepspeed config")  # the input gate: one line for any unreadable file
     if not isinstance(settings, dict):
         raise UsageError(f"deepspeed config '{path}': the top level must be a JSON object")
     t = cfg.train
@@ -276,6 +292,21 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def make_parallel(kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> Parallel:
     classes = {"ddp": Parallel, "fsdp": Fsdp, "deepspeed": DeepSpeed}
     return classes[kind](peft_model, cfg, runtime, dtype)
+
+
+def _bad_state(path: Path, folder: Path, problem: str) -> UsageError:
+    return UsageError(
+        f"checkpoint file '{path}' {problem}: delete the checkpoint '{folder}' to resume from an older one, "
+        "or start without --resume"
+    )
+
+
+def _local(param: Any) -> torch.Tensor:
+    """The part of a parameter this rank holds: a DTensor's shard, a ZeRO-3 partition, or the tensor."""
+    if hasattr(param, "to_local"):
+        return param.to_local()
+    partition = getattr(param, "ds_tensor", None)
+    return partition if partition is not None else param.detach()
 
 
 def _full(value: Any) -> Any:

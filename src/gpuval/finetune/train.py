@@ -20,10 +20,13 @@ on rank 0, to TensorBoard under OUTPUT/tensorboard.
 
 from __future__ import annotations
 
+import base64
 import gc
 import json
+import math
 import os
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -32,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuval.atomic import write_text_atomic
-from gpuval.errors import UsageError
+from gpuval.atomic import fsync_dir, fsync_tree, write_text_atomic
+from gpuval.errors import RunError, UsageError
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
@@ -57,6 +60,8 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
 FINAL_ADAPTER = "adapter"
 STATE_JSON = "state.json"  # step, data position: readable without torch
+RNG_JSON = "rng-rank{rank}.json"  # every RNG state of one rank as plain JSON: nothing to unpickle
+CHECKPOINT_NAME = re.compile(rf"{CHECKPOINT_PREFIX}(\d+)")
 TENSORBOARD = "tensorboard"
 PROFILE = "profile"  # train.profile_steps: trace.json and operators.txt
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
@@ -145,10 +150,8 @@ def train(
     step = 0  # optimizer steps done
     resumed_from = None
     if resume:
-        checkpoint = latest_checkpoint(output)
-        if checkpoint is None:
-            raise UsageError(f"--resume: no checkpoint under '{output / CHECKPOINTS}'")
-        step = load_checkpoint(checkpoint, parallel, rank)
+        checkpoint = resume_checkpoint(output)
+        step = load_checkpoint(checkpoint, parallel, rank, world)
         resumed_from = str(checkpoint)
 
     log("gpuval finetune: effective config")
@@ -216,12 +219,24 @@ def train(
         lr = parallel.lr()
         grad_norm = parallel.step(t.grad_clip)
         step += 1
+        # The step's loss and this rank's count of adapter tensors no longer finite, in one reduction: every
+        # rank sees the same two numbers, so every rank stops at the same step (none waits in a collective).
+        reduced = torch.stack([loss_sum, parallel.nonfinite_weights().to(loss_sum)])
         if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
             _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
             profiler = None
 
-        dist.all_reduce(loss_sum)
-        loss = float(loss_sum) / max(label_tokens, 1)
+        dist.all_reduce(reduced)
+        loss = float(reduced[0]) / max(label_tokens, 1)
+        bad_weights = int(reduced[1])
+        if not math.isfinite(loss) or bad_weights:
+            problem = f"loss {loss:.6g}" + (
+                f", {bad_weights} adapter tensor(s) with NaN/inf after the update" if bad_weights else ""
+            )
+            raise RunError(
+                f"training diverged at step {step}: {problem}; stopped without saving this step's adapter or "
+                "checkpoint (lower train.lr, raise train.warmup_steps or check the data)"
+            )
         if runtime.on_gpu:
             events[1].record()
             events[1].synchronize()
@@ -350,17 +365,37 @@ def _encoded(path: str, tokenizer: Any, max_seq_len: int) -> list[Any]:
 
 
 def checkpoint_dirs(output: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (a temp folder left by a killed save is not one)."""
+    """Complete checkpoints (folders named step-NNNNNNNN), oldest first. A temp folder left by a killed save
+    is not one, nor is anything else (never pruned either: gpuval deletes only what it wrote)."""
     root = output / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
+    found = [p for p in root.iterdir() if p.is_dir() and CHECKPOINT_NAME.fullmatch(p.name)]
     return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
 
 
 def latest_checkpoint(output: Path) -> Path | None:
     found = checkpoint_dirs(output)
     return found[-1] if found else None
+
+
+def resume_checkpoint(output: Path) -> Path:
+    """The checkpoint --resume continues from; a foreign `step-*` entry beside them is a UsageError, since
+    which checkpoint is newest is then unclear."""
+    root = output / CHECKPOINTS
+    if root.is_dir():
+        for entry in sorted(root.iterdir()):
+            if entry.name.startswith(CHECKPOINT_PREFIX) and not (
+                entry.is_dir() and CHECKPOINT_NAME.fullmatch(entry.name)
+            ):
+                raise UsageError(
+                    f"--resume: '{entry}' is not a gpuval checkpoint (expected a folder named "
+                    f"{CHECKPOINT_PREFIX}NNNNNNNN): move or delete it, or start without --resume"
+                )
+    checkpoint = latest_checkpoint(output)
+    if checkpoint is None:
+        raise UsageError(f"--resume: no checkpoint under '{root}'")
+    return checkpoint
 
 
 def save_checkpoint(
@@ -372,8 +407,10 @@ def save_checkpoint(
     keep_last: int,
 ) -> Path:
     """Adapter (PEFT format), optimizer, scheduler, every rank's RNG state and the data position, into a
-    temp folder renamed into place once complete, so a kill mid-save never leaves a checkpoint that looks
-    whole. What holds the optimizer state depends on `train.parallel` (parallel.py: save_state)."""
+    temp folder renamed into place once complete and flushed to disk (every file and folder fsynced before
+    the rename, the parent after), so neither a kill nor a power cut mid-save leaves a checkpoint that looks
+    whole. No file of it needs unpickling to resume (load_checkpoint). What holds the optimizer state
+    depends on `train.parallel` (parallel.py: save_state)."""
     root = output / CHECKPOINTS
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
     temp = root / f".tmp-{CHECKPOINT_PREFIX}{step:08d}"
@@ -385,53 +422,131 @@ def save_checkpoint(
         (temp / STATE_JSON).write_text(json.dumps(meta) + "\n", encoding="utf-8")
     runtime.barrier()
     parallel.save_state(temp, FINAL_ADAPTER)  # a collective
-    torch.save(_rng_state(), temp / f"rng-rank{runtime.rank}.pt")  # dropout draws differ per rank
+    rng_file = temp / RNG_JSON.format(rank=runtime.rank)  # dropout draws differ per rank
+    rng_file.write_text(json.dumps(_rng_state()) + "\n", encoding="utf-8")
+    fsync_tree(temp)  # every rank: under DeepSpeed each writes files of its own
     runtime.barrier()
     if runtime.is_main:
+        if final.exists():  # a step saved again (a resumed run): replace it whole
+            shutil.rmtree(final)
         os.replace(temp, final)
+        fsync_dir(root)
         for old in checkpoint_dirs(output)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     runtime.barrier()
     return final
 
 
-def load_checkpoint(checkpoint: Path, parallel: Any, rank: int) -> int:
-    """Restore what save_checkpoint wrote; returns the step to continue after."""
-    rng_file = checkpoint / f"rng-rank{rank}.pt"
-    if not rng_file.is_file():
+def load_checkpoint(checkpoint: Path, parallel: Any, rank: int, world_size: int | None = None) -> int:
+    """Restore what save_checkpoint wrote; returns the step to continue after. Nothing is unpickled: the
+    step and RNG states are JSON, the trainer state tensors and plain values (parallel.py: load_state). A
+    file that is missing, short or not what gpuval writes is a UsageError naming it."""
+    state_file = checkpoint / STATE_JSON
+    meta = _read_json(state_file, checkpoint)
+    step = meta.get("step") if isinstance(meta, dict) else None
+    saved_world = meta.get("world_size") if isinstance(meta, dict) else None
+    if type(step) is not int or step < 0 or type(saved_world) is not int:
+        raise _bad_checkpoint(state_file, checkpoint, "lacks an integer 'step' and 'world_size'")
+    if step != int(checkpoint.name[len(CHECKPOINT_PREFIX) :]):
+        raise _bad_checkpoint(state_file, checkpoint, f"says step {step}, its folder another")
+    if world_size is not None and saved_world != world_size:
         raise UsageError(
-            f"checkpoint '{checkpoint}' has no RNG state for rank {rank}: resume with the same world size"
+            f"checkpoint '{checkpoint}' was written by {saved_world} ranks, this run has {world_size}: "
+            "resume with the same world size, or start without --resume"
         )
+    rng_file = checkpoint / RNG_JSON.format(rank=rank)
+    if not rng_file.is_file():
+        if (checkpoint / f"rng-rank{rank}.pt").exists():
+            raise _bad_checkpoint(
+                rng_file.with_suffix(".pt"), checkpoint, "is a pickle from an older gpuval, not loaded"
+            )
+        raise UsageError(
+            f"checkpoint '{checkpoint}' has no RNG state for rank {rank} ({rng_file.name}): resume with the "
+            "same world size, or start without --resume"
+        )
+    rng = _read_json(rng_file, checkpoint)
     try:
         parallel.load_state(checkpoint)
+    except UsageError:
+        raise
     except (KeyError, RuntimeError, ValueError, FileNotFoundError) as exc:
         raise UsageError(f"checkpoint '{checkpoint}' does not fit this model/config ({exc})") from None
-    _set_rng_state(torch.load(rng_file, weights_only=False))
-    return int(json.loads((checkpoint / STATE_JSON).read_text(encoding="utf-8"))["step"])
+    try:
+        _set_rng_state(rng)
+    except (KeyError, IndexError, TypeError, ValueError, OverflowError, RuntimeError) as exc:
+        raise _bad_checkpoint(rng_file, checkpoint, f"is not an RNG state gpuval wrote ({exc})") from None
+    return step
+
+
+def _read_json(path: Path, checkpoint: Path) -> Any:
+    from gpuval.inputs import decode_json, read_input_text  # the input gate: regular file, UTF-8, bounded
+
+    if not path.exists():
+        raise _bad_checkpoint(path, checkpoint, "is missing")
+    try:
+        return decode_json(read_input_text(path, "checkpoint file"))
+    except (UsageError, ValueError) as exc:
+        raise _bad_checkpoint(path, checkpoint, f"cannot be read as JSON ({exc})") from None
+
+
+def _bad_checkpoint(path: Path, checkpoint: Path, problem: str) -> UsageError:
+    return UsageError(
+        f"checkpoint file '{path}' {problem}: delete the checkpoint '{checkpoint}' to resume from an older "
+        "one, or start without --resume"
+    )
+
+
+def _b64(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _bytes_tensor(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
 
 
 def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Python's, torch's (CPU and every CUDA device) and numpy's global RNG states as plain JSON values."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "torch": _b64(torch.get_rng_state()),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
     try:
         import numpy
 
-        state["numpy"] = numpy.random.get_state()
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
     except ImportError:
         pass
     return state
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    """What _rng_state wrote; a value of the wrong shape raises TypeError, ValueError or RuntimeError."""
+    if not isinstance(state, dict):
+        raise TypeError("not a JSON object")
+    version, internal, gauss = state["python"]
+    if not isinstance(internal, list) or not all(type(i) is int for i in internal):
+        raise TypeError("python: the state is not a list of integers")
+    python_state = (version, tuple(internal), gauss)
+    torch_state = _bytes_tensor(state["torch"])
+    cuda_states = [_bytes_tensor(s) for s in state.get("cuda", [])]
+    numpy_state = None
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        numpy_state = (name, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached)
+    random.setstate(python_state)
+    torch.set_rng_state(torch_state)
+    if cuda_states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda_states)
+    if numpy_state is not None:
+        import numpy
+
+        numpy.random.set_state(numpy_state)
 
 
 def _tensorboard(output: Path) -> Any:
@@ -449,9 +564,11 @@ def _save_adapter_atomic(peft_model: Any, weights: dict[str, torch.Tensor], targ
     temp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(temp, ignore_errors=True)
     peft_model.save_pretrained(temp, state_dict=weights)
+    fsync_tree(temp)
     if target.exists():
         shutil.rmtree(target)
     os.replace(temp, target)
+    fsync_dir(target.parent)
 
 
 def _quiet(*_args: Any, **_kwargs: Any) -> None:

@@ -6,16 +6,24 @@ rates (KB/s, MB/s), which is what a gauge holds. Framebuffer MiB are not rounded
 field NVML could not give is not exported for that GPU. gpuval adds host and InfiniBand metrics under its
 own `gpuval_` prefix. The registry is our own, not prometheus_client's global one, so the process's own
 metrics do not mix in.
+
+Serving (MetricsServer): one event-loop thread holds every connection, so idle or slow clients cost no
+thread; a connection that sends no complete request within the idle timeout is closed, and at most
+MAX_CONNECTIONS are open at once (more are closed at accept). The text of a reading is rendered once, by
+a one-thread pool, and every scrape of that reading is served the cached bytes: the monitor reads NVML
+and the host once per interval, whatever the scrape rate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -24,6 +32,10 @@ from gpuval.monitor.sample import GpuReading, Reading
 
 GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"]
 DEFAULT_HOST = "127.0.0.1"  # metrics stay on this machine unless HOST says otherwise
+IDLE_TIMEOUT_S = 10.0  # a connection silent this long (no complete request) is closed
+MAX_CONNECTIONS = 512  # open at once; beyond, a new connection is closed at once
+LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a burst of scrapes waits here)
+MAX_REQUEST_HEAD = 16 * 1024  # bytes of request line and headers
 
 
 # name, help (DCGM-exporter's, unit included), the reading's fields it sums, bytes (or units) per unit
@@ -132,17 +144,150 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class MetricsServer:
+    """/metrics over HTTP/1.1 (keep-alive) from a daemon thread running an asyncio loop; see the module
+    docstring. `server_address` is where it listens (port 0 took a free one); `shutdown()` then
+    `server_close()` stop it, as for the socketserver it replaces."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        latest: Callable[[], Reading | None],
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.latest = latest
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.renders = 0  # readings rendered to text (tests: one per reading, not one per scrape)
+        self._cached: tuple[Any, bytes] = (object(), b"")  # (reading, its text)
+        self._rendering: tuple[Any, asyncio.Future[bytes]] | None = None
+        self._clients: set[asyncio.Task[None]] = set()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuval-exporter-render")
+        self._loop = asyncio.new_event_loop()
+        host, port = address
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._client, host, port, backlog=LISTEN_BACKLOG, limit=MAX_REQUEST_HEAD)
+            )
+        except OSError as exc:
+            self._loop.close()
+            self._pool.shutdown(wait=False)
+            raise UsageError(
+                f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}; "
+                "choose another HOST:PORT"
+            ) from None
+        self.server_address = self._server.sockets[0].getsockname()
+        self.server_port = self.server_address[1]
+        self.thread = threading.Thread(target=self._loop.run_forever, name="gpuval-exporter", daemon=True)
+        self.thread.start()
+
+    def shutdown(self) -> None:
+        """Stop listening, close every connection and stop the loop thread."""
+        if self._loop.is_closed() or not self.thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self.thread.join(timeout=5)
+
+    def server_close(self) -> None:
+        if not self.thread.is_alive() and not self._loop.is_closed():
+            self._loop.close()
+        self._pool.shutdown(wait=False)
+
+    async def _stop(self) -> None:
+        self._server.close()
+        for task in list(self._clients):
+            task.cancel()
+        await asyncio.gather(*self._clients, return_exceptions=True)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if len(self._clients) >= self.max_connections or task is None:
+            writer.close()
+            return
+        self._clients.add(task)
+        try:
+            while await self._one_request(reader, writer):
+                pass
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a client gone, silent past the timeout, or sending a head too long: close it
+        finally:
+            self._clients.discard(task)
+            writer.close()
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read one request head and answer it; whether the connection stays open for another."""
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout_s)
+        request, *lines = head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip().lower()
+        parts = request.split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._answer(writer, "400 Bad Request", b"bad request\n", keep_alive=False)
+            return False
+        method, _target, version = parts
+        connection = headers.get("connection", "")
+        keep_alive = connection == "keep-alive" if version == "HTTP/1.0" else connection != "close"
+        if headers.get("content-length", "0") not in ("", "0") or "transfer-encoding" in headers:
+            keep_alive = False  # a body this server does not read: never parse it as the next request
+        if method not in ("GET", "HEAD"):
+            await self._answer(writer, "405 Method Not Allowed", b"GET or HEAD only\n", keep_alive=False)
+            return False
+        try:
+            body = await self._body()
+        except Exception as exc:  # noqa: BLE001 - a reading that cannot be rendered: say so, keep serving
+            self._rendering = None
+            await self._answer(writer, "500 Internal Server Error", f"{exc}\n".encode(), keep_alive=False)
+            return False
+        await self._answer(writer, "200 OK", body, keep_alive, head_only=method == "HEAD")
+        return keep_alive
+
+    async def _answer(
+        self,
+        writer: asyncio.StreamWriter,
+        status: str,
+        body: bytes,
+        keep_alive: bool,
+        head_only: bool = False,
+    ) -> None:
+        content_type = CONTENT_TYPE_LATEST if status.startswith("200") else "text/plain; charset=utf-8"
+        head = (
+            f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+        )
+        writer.write(head.encode("latin-1") + (b"" if head_only else body))
+        await asyncio.wait_for(writer.drain(), self.idle_timeout_s)
+
+    async def _body(self) -> bytes:
+        """The text of the latest reading: rendered once per reading in the pool, cached for every scrape
+        after (and shared by the scrapes that arrive while it renders)."""
+        reading = self.latest()
+        cached_reading, cached_text = self._cached
+        if reading is cached_reading:
+            return cached_text
+        if self._rendering is None or self._rendering[0] is not reading:
+            future = asyncio.wrap_future(self._pool.submit(self._render, reading))
+            self._rendering = (reading, future)
+        text = await asyncio.shield(self._rendering[1])
+        if self._rendering is not None and self._rendering[0] is reading:
+            self._cached, self._rendering = (reading, text), None
+        return text
+
+    def _render(self, reading: Reading | None) -> bytes:
+        self.renders += 1
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ReadingCollector(lambda: reading))
+        return generate_latest(registry)
+
+
 def serve(
-    address: tuple[str, int], latest: Callable[[], Reading | None]
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve /metrics at `address` from a daemon thread; port 0 takes a free port (server.server_port)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ReadingCollector(latest))
-    host, port = address
-    try:
-        return start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise UsageError(
-            f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}; "
-            "choose another HOST:PORT"
-        ) from None
+    address: tuple[str, int], latest: Callable[[], Reading | None], **options: Any
+) -> tuple[MetricsServer, threading.Thread]:
+    """Serve /metrics at `address` from a daemon thread; port 0 takes a free port (server.server_port).
+    `options`: MetricsServer's idle_timeout_s and max_connections."""
+    server = MetricsServer(address, latest, **options)
+    return server, server.thread
