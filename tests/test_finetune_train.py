@@ -379,3 +379,22 @@ def test_the_planted_pickle_is_live_and_the_cli_refuses_it_with_exit_2(checkpoin
     lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval")]  # no model-loading bars
     assert len(lines) == 1 and "trainer_state.pt" in lines[0] and "start without --resume" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_pickle_planted_among_deepspeeds_files_is_refused_before_deepspeed_loads_it(tmp_path):
+    """DeepSpeed's own loader unpickles with weights_only=False; gpuval reads every file the safe way
+    first. A real tensor file passes; the planted one is refused naming it, and its code never runs."""
+    from gpuval.errors import UsageError
+    from gpuval.finetune.parallel import _refuse_unsafe_pickles
+
+    checkpoint = tmp_path / "step-00000002"
+    shards = checkpoint / "deepspeed" / "step"
+    shards.mkdir(parents=True)
+    torch.save({"module": {"w": torch.randn(3)}, "ds_version": "0.19.8", "step": 2}, shards / "mp_rank_00.pt")
+    _refuse_unsafe_pickles(checkpoint / "deepspeed", checkpoint)  # plain content: no error
+
+    marker = tmp_path / "ran"
+    torch.save(_Payload(marker), shards / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    with pytest.raises(UsageError, match=r"zero_pp_rank_0_mp_rank_00_optim_states\.pt' holds more than"):
+        _refuse_unsafe_pickles(checkpoint / "deepspeed", checkpoint)
+    assert not marker.exists()
