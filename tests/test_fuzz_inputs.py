@@ -682,3 +682,24 @@ def test_usage_errors_of_click_are_one_line(tmp_path, stub_work):
         result = invoke(args, tmp_path)
         assert_clean(result, {2}, args)
         assert result[2].strip() == line
+
+
+def test_a_profile_of_nested_aliases_is_refused_before_it_expands(tmp_path, stub_work):
+    """Nine levels of nine aliases are nine lines and 9^9 values once followed ("billion laughs"):
+    refused in one line and at once, while an ordinary alias still works."""
+    import time
+
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("name: bomb\nbenchmarks:\n  matmul:\n    " + "\n    ".join(levels) + "\n")
+    began = time.monotonic()
+    result = invoke(["accept", "--profile", str(bomb), "--output", str(tmp_path / "out")], tmp_path)
+    assert_clean(result, {2}, "alias bomb", tmp_path / "out")
+    assert "expands to more than 100,000 values" in result[2] and time.monotonic() - began < 10
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        "name: plain\nchecks:\n  matmul.fp32_tflops: &floor {min: 0.001}\n  matmul.bf16_tflops: *floor\n"
+    )
+    assert invoke(["accept", "--profile", str(plain), "--output", str(tmp_path / "ok")], tmp_path)[0] == 0

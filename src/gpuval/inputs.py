@@ -140,7 +140,7 @@ def parse_yaml(text: str, where: str, lenient: bool = False) -> Any:
     `lenient` (a --set value): text that is no YAML is returned as it is, a refused value is still refused.
     """
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         if lenient and not isinstance(exc, _LimitError):
             return text
@@ -150,6 +150,32 @@ def parse_yaml(text: str, where: str, lenient: bool = False) -> Any:
         raise UsageError(f"{where}: broken YAML{at}: {problem}; fix it there") from None
     except RecursionError:
         raise UsageError(f"{where}: nested too deeply; flatten it") from None
+    if _expands_past(data, MAX_VALUES):
+        raise UsageError(
+            f"{where}: expands to more than {MAX_VALUES:,} values (aliases of aliases?); write it out plainly"
+        )
+    return data
+
+
+MAX_VALUES = 100_000  # values a YAML document may expand to once its aliases (*name) are followed
+
+
+def _expands_past(data: Any, limit: int) -> bool:
+    """Whether `data`, with every shared (aliased) part counted each time it is reached, holds more than
+    `limit` values: a few lines of nested aliases ("billion laughs") expand exponentially in whatever
+    walks them later (validation, the result's settings)."""
+    stack, seen = [data], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def load_yaml_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, Any]:
