@@ -398,3 +398,15 @@ def test_a_pickle_planted_among_deepspeeds_files_is_refused_before_deepspeed_loa
     with pytest.raises(UsageError, match=r"zero_pp_rank_0_mp_rank_00_optim_states\.pt' holds more than"):
         _refuse_unsafe_pickles(checkpoint / "deepspeed", checkpoint)
     assert not marker.exists()
+
+
+def test_bad_training_data_leaves_no_tensorboard_folder(runtime, tmp_path):
+    """The event writer is made after data, model and checkpoint are accepted: a refused run writes none."""
+    from gpuval.errors import UsageError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"tools": [], "messages": []}\n{broken\n', encoding="utf-8")
+    cfg = finetune_config_from_dict(config_dict(bad, tmp_path / "out", max_steps=1))
+    with pytest.raises(UsageError, match=r"line 2: not JSON"):
+        train(cfg, runtime)
+    assert not (tmp_path / "out" / "tensorboard").exists()

@@ -91,7 +91,6 @@ def train(
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     output = Path(cfg.output)
     log = print if runtime.is_main and not quiet else _quiet
-    writer = _tensorboard(output) if t.tensorboard and runtime.is_main else None
 
     # -- data: encode and pack the whole file, identically on every rank ---------------------------------
     tokenizer = load_tokenizer(cfg.tokenizer_source)
@@ -163,6 +162,9 @@ def train(
         f"trainable params {trainable_count:,}"
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
+
+    # Made only now: bad data, a model that does not load or a refused checkpoint leave no event file behind.
+    writer = _tensorboard(output) if t.tensorboard and runtime.is_main else None
 
     # -- the loop -------------------------------------------------------------------------------------------
     history: list[dict[str, Any]] = []
