@@ -222,7 +222,15 @@ def test_the_train_benchmarks_scratch_folder_lies_where_the_launcher_removes_it(
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / "tmp" / f"gpuval-train-{gone.pid}-left"  # a rank SIGKILLed under srun left it
+    stale.mkdir()
     with pytest.raises(RuntimeError), _scratch() as folder:
         assert Path(folder).parent == tmp_path / "tmp"
+        assert Path(folder).name.startswith(f"gpuval-train-{os.getpid()}-")
         raise RuntimeError("a rank's error")
     assert list((tmp_path / "tmp").iterdir()) == [] and list(exit_dir.iterdir()) == []

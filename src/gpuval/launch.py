@@ -47,13 +47,18 @@ _STATES = {
 EXIT_DIR_PREFIX = "gpuval-exit-"
 
 
-def _sweep_stale_exit_dirs(temp: Path | None = None) -> None:
-    """Remove exit folders whose launcher is gone: a launcher killed with SIGKILL runs no `finally`, and
-    its folder (the ranks' exit codes, pids, the training benchmark's scratch) would stay in /tmp."""
-    for folder in (temp or Path(tempfile.gettempdir())).glob(f"{EXIT_DIR_PREFIX}*-*"):
-        pid = folder.name[len(EXIT_DIR_PREFIX) :].split("-", 1)[0]
+def sweep_dead_owners(prefix: str, temp: Path | None = None) -> None:
+    """Remove temp folders named `<prefix><pid>-…` whose process is gone: one killed with SIGKILL runs no
+    `finally`, and its folder would stay in /tmp for ever."""
+    for folder in (temp or Path(tempfile.gettempdir())).glob(f"{prefix}*-*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sweep_stale_exit_dirs(temp: Path | None = None) -> None:
+    """Exit folders (the ranks' exit codes, pids, the training benchmark's scratch) of dead launchers."""
+    sweep_dead_owners(EXIT_DIR_PREFIX, temp)
 
 
 def _alive(pid: int) -> bool:

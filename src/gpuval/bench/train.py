@@ -133,16 +133,22 @@ def synthetic_conversations(options: TrainBenchOptions) -> list[dict[str, Any]]:
     return joined
 
 
+SCRATCH_PREFIX = "gpuval-train-"
+
+
 def _scratch() -> tempfile.TemporaryDirectory:
     """The synthetic data's folder, removed when the `with` ends, exceptions included. Under gpuval's own
     launcher it lies inside the launcher's exit folder, which the launcher removes in its `finally`: so a
     rank killed outright (SIGKILL, out of memory) leaves no /tmp/gpuval-train-* behind either."""
-    from gpuval.launch import EXIT_DIR_VARIABLE
+    from gpuval.launch import EXIT_DIR_VARIABLE, sweep_dead_owners
 
     parent = os.environ.get(EXIT_DIR_VARIABLE)
-    return tempfile.TemporaryDirectory(
-        prefix="gpuval-train-", dir=parent if parent and os.path.isdir(parent) else None
-    )
+    if parent and os.path.isdir(parent):
+        return tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=parent)
+    # Under srun or an outside torchrun: named after this process, so the next run removes it if this
+    # rank is killed outright.
+    sweep_dead_owners(SCRATCH_PREFIX)
+    return tempfile.TemporaryDirectory(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-")
 
 
 def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
