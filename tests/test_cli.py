@@ -176,3 +176,26 @@ def test_bench_without_a_name_lists_benchmarks(gpuval, tmp_path):
     assert proc.returncode == 0, proc.stderr
     for name in ("collectives", "matmul", "membw", "p2p"):
         assert f"{name}:" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("command", "stated"),
+    [
+        (["accept"], "2 on a machine without NVIDIA GPUs"),
+        (["bench"], "2 on a machine without NVIDIA GPUs"),
+        (["finetune", "train"], "1 on a CPU"),
+    ],
+)
+def test_nproc_help_states_the_default_each_command_uses(gpuval, tmp_path, command, stated):
+    """accept and bench start 2 gloo ranks on a machine without GPUs, the fine-tune 1: each --help says
+    its own (a second option of the same name once gave every command the fine-tune's text)."""
+    from conftest import cli_env
+
+    proc = gpuval([*command, "--help"], tmp_path, env=cli_env(COLUMNS="250"))
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.replace("│", " ").split())
+    assert stated in text, text
+    if command != ["finetune", "train"]:
+        from gpuval.cli import _default_nproc
+
+        assert _default_nproc() == 2  # what the help states, on this machine without NVIDIA GPUs

@@ -43,7 +43,9 @@ def _exits(command):
 NprocOption = Annotated[
     int | None,
     typer.Option(
-        "--nproc", help="local ranks when not started by torchrun/srun (default: one per GPU, 2 on a CPU)"
+        "--nproc",
+        help="local ranks when not started by torchrun/srun (default: one per GPU; 2 on a machine without "
+        "NVIDIA GPUs; 1 where CUDA cannot use the GPUs there)",
     ),
 ]
 
@@ -680,7 +682,9 @@ def finetune_prepare(
 
 
 ConfigOption = Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")]
-NprocOption = Annotated[
+# Its own name: annotations are read when typer builds the commands, so a second `NprocOption` here
+# replaced accept's and bench's help with this one's.
+FinetuneNprocOption = Annotated[
     int | None,
     typer.Option(
         "--nproc", help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)"
@@ -696,7 +700,7 @@ def finetune_train(
     resume: Annotated[
         bool, typer.Option(help="continue from the newest checkpoint in the output folder")
     ] = False,
-    nproc: NprocOption = None,
+    nproc: FinetuneNprocOption = None,
 ) -> int:
     """LoRA training (DDP, FSDP2 or DeepSpeed; torchrun/srun, or one rank per local GPU) -> OUTPUT/adapter."""
     return _finetune(config, set_, nproc, data=False, train=True, resume=resume, evaluate=False)
@@ -710,7 +714,7 @@ def finetune_eval(
     adapter: Annotated[
         Path | None, typer.Option(help="PEFT adapter folder (default: OUTPUT/adapter)")
     ] = None,
-    nproc: NprocOption = None,
+    nproc: FinetuneNprocOption = None,
 ) -> int:
     """Greedy generation on the eval splits, function-calling scores for the tuned and base model."""
     return _finetune(
@@ -724,7 +728,7 @@ def finetune_run(
     config: ConfigOption,
     output: Annotated[Path | None, typer.Option(help="run folder (overrides the config's output)")] = None,
     set_: SetOption = [],  # noqa: B006
-    nproc: NprocOption = None,
+    nproc: FinetuneNprocOption = None,
 ) -> int:
     """synth (when configured) -> prepare -> train -> eval, end to end; writes OUTPUT/eval.json."""
     sets = [*set_, f"output={output}"] if output else list(set_)
