@@ -293,3 +293,31 @@ def test_a_killed_launchers_exit_folder_is_swept_by_the_next_launch(tmp_path):
         (folder / "sub").mkdir(parents=True)
     _sweep_stale_exit_dirs(tmp_path)
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_signal_that_a_library_turns_into_its_own_error_still_ends_in_one_line(monkeypatch, capsys):
+    """SIGTERM arriving inside an import: transformers' lazy import turns what the signal raised into a
+    RuntimeError of its own. The signal, not the error, decides: exit 143 and one line, no traceback."""
+    from gpuval import cli
+    from gpuval.errors import Interrupted
+
+    def importing_library(*_args, **_kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler main() installed raises Interrupted here
+        except Interrupted as exc:
+            raise RuntimeError("Failed to import transformers.models.qwen2") from exc
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(cli, "app", importing_library)
+    monkeypatch.setattr(sys, "argv", ["gpuval", "finetune", "train"])
+    for key in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            cli.main()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert ended.value.code == 143
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["gpuval: interrupted (SIGTERM)"], err

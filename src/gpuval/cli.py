@@ -827,9 +827,13 @@ def main() -> None:
     from gpuval.runtime import launcher_env, leave_process
 
     worker_start()  # a rank that gpuval's own launcher started: dies with it (launch.py)
+    # Signals received: Interrupted is raised wherever the process is, also inside an import, where a
+    # library may turn it into an error of its own (transformers' lazy imports do): the signal decides.
+    signalled: list[int] = []
     if launcher_env() == "single":  # not a rank of torchrun/srun: SIGINT/SIGTERM end it in one line
 
         def _interrupted(signum, _frame):
+            signalled.append(signum)
             raise Interrupted(signum)
 
         signal.signal(signal.SIGINT, _interrupted)
@@ -857,6 +861,12 @@ def main() -> None:
         code = exc.exit_code
     except (Interrupted, KeyboardInterrupt) as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        err_console.print(f"gpuval: {stop}", markup=False, highlight=False, soft_wrap=True)
+        code = stop.exit_code
+    except Exception:
+        if not signalled:
+            raise
+        stop = Interrupted(signalled[0])
         err_console.print(f"gpuval: {stop}", markup=False, highlight=False, soft_wrap=True)
         code = stop.exit_code
     except SystemExit as exc:  # typer ends every command this way
