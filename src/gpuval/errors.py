@@ -44,3 +44,9 @@ class Interrupted(BaseException):
         except ValueError:
             name = f"signal {self.signum}"
         super().__init__(f"interrupted ({name})" + (f"; {detail}" if detail else ""))
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message as one line for a person: its first line, or its type when it has none."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

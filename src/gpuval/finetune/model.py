@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from gpuval.errors import UsageError
+from gpuval.errors import UsageError, first_line
 from gpuval.finetune.tiny import TINY_MODEL_DIR
 
 TINY_NAME = "tiny"  # `model: tiny` in a config means the bundled folder
@@ -59,7 +59,7 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source)
     except OSError as exc:
-        raise UsageError(f"tokenizer '{path_or_name}': {_first_line(exc)}") from None
+        raise UsageError(f"tokenizer '{path_or_name}': {first_line(exc)}") from None
 
 
 def load_model(
@@ -86,7 +86,7 @@ def load_model(
             return model
         return AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except OSError as exc:
-        raise UsageError(f"model '{path_or_name}': {_first_line(exc)}") from None
+        raise UsageError(f"model '{path_or_name}': {first_line(exc)}") from None
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
@@ -150,8 +150,3 @@ def token_ids(tokenizer: Any, tokens: list[str]) -> list[int]:
 
 def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__

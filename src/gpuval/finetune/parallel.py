@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gpuval.errors import UsageError
+from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
 from gpuval.inputs import load_json
 
@@ -129,7 +129,7 @@ class Parallel:
         except FileNotFoundError:
             raise _bad_state(path, folder, "is missing") from None
         except Exception as exc:  # noqa: BLE001 - UnpicklingError, a short zip, a foreign format: all refused
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = first_line(exc)
             raise _bad_state(path, folder, f"is not a trainer state gpuval wrote ({reason[:200]})") from None
         if not isinstance(state, dict) or not {"adapter", "optimizer", "scheduler"} <= state.keys():
             raise _bad_state(path, folder, "lacks the keys adapter, optimizer and scheduler")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gpuval.errors import first_line
 from gpuval.health._common import bus_key, node_scope, plural, reachable, skip, why_no_gpus
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import GpuInfo
@@ -44,11 +45,6 @@ class CudaView:
     torch: str = ""  # torch's version
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _device(torch: Any, index: int) -> CudaDevice:
     props = torch.cuda.get_device_properties(index)
     uuid = str(getattr(props, "uuid", "") or "") or None
@@ -71,7 +67,7 @@ def read_view(torch: Any = None) -> CudaView:
         torch.cuda.init()  # raises CUDA's own error: no device, system not ready, driver too old, ...
         devices = tuple(_device(torch, index) for index in range(torch.cuda.device_count()))
     except Exception as exc:  # noqa: BLE001 - CUDA's reason is the finding
-        return CudaView(error=_first_line(exc), visible_devices=visible, torch=version)
+        return CudaView(error=first_line(exc), visible_devices=visible, torch=version)
     error = None if devices else "CUDA found no device"
     return CudaView(devices=devices, error=error, visible_devices=visible, torch=version)
 
