@@ -180,7 +180,7 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from gpuval.bench.train import TrainBenchOptions, synthetic_conversations
+    from gpuval.bench.train_step import TrainBenchOptions, synthetic_conversations
     from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
     from gpuval.finetune.model import load_model, load_tokenizer
     from gpuval.finetune.packing import pack_with_stats

@@ -1,6 +1,6 @@
 """How well a tiny base model copies argument values it never saw, before any fine-tuning.
 
-The bundled tiny model is pretrained on Glaive's own text format (gpuval/finetune/tiny.py). This asks it,
+The bundled tiny model is pretrained on Glaive's own text format (tools/tiny_model.py). This asks it,
 in that format, for the call of synthetic records whose argument values are all held out (catalogue.py),
 and counts the replies whose first call is the expected one exactly. The fine-tuned model's holdout_values
 score (issue 4) follows the base's copying (0.686 here, 0.680 fine-tuned, for the weights of 2026-11-23),
@@ -23,8 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gpuval.finetune.glaive import FUNCTION_CALL, parse_call
+from gpuval.finetune.model import TINY_MODEL_DIR
 from gpuval.finetune.synth import synth_records
-from gpuval.finetune.tiny import TINY_MODEL_DIR
 
 HOLDOUT_SEED = 1  # the seed of the CPU fine-tune's holdout_values split (configs/finetune/tiny-cpu.yaml)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from gpuval.bench.run import plan_benchmarks
 from gpuval.config import load_profile
 from gpuval.errors import UsageError
 from gpuval.health.gpu import expect_checks
 from gpuval.results import Status, generated_schema, json_schema
-from gpuval.suite import plan_benchmarks
 
 ALL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from gpuval.bench.train import TrainBenchOptions, _defaults, _measurement, synthetic_conversations  # noqa: E402
+from gpuval.bench.train_step import TrainBenchOptions, _defaults, _measurement, synthetic_conversations  # noqa: E402
 from gpuval.errors import RunError  # noqa: E402
 
 

@@ -327,7 +327,7 @@ def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monke
     benchmark's collectives), and the run records an ERROR; later benchmarks are not run."""
     from types import SimpleNamespace
 
-    from gpuval import suite
+    from gpuval.bench import run as suite
 
     def boom(ctx, options):
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")

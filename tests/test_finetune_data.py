@@ -218,8 +218,7 @@ def test_cli_synth_pieces_values_are_made_up_from_the_tokenizers_word_pieces(
     ones built from the tokenizer's word pieces, exactly what catalogue.MadeUp makes from them."""
     from gpuval.finetune.catalogue import MadeUp
     from gpuval.finetune.model import load_tokenizer
-    from gpuval.finetune.synth import write_synth
-    from gpuval.finetune.tiny import word_pieces
+    from gpuval.finetune.synth import word_pieces, write_synth
 
     for values in ("pieces", "synthetic"):
         proc = gpuval(

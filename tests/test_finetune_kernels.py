@@ -25,7 +25,7 @@ from gpuval.finetune.kernels import (  # noqa: E402
 from gpuval.finetune.model import load_model  # noqa: E402
 from gpuval.finetune.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
-from gpuval.finetune.train import train  # noqa: E402
+from gpuval.finetune.trainer import train  # noqa: E402
 
 
 def _packs(vocab: int, rows: tuple[tuple[int, ...], ...] = ((37, 5, 60), (50, 21))) -> list[Pack]:

@@ -12,11 +12,17 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from tiny_model import corpus_texts, train_tokenizer  # noqa: E402  (tools/, on pytest's pythonpath)
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.model import apply_lora, linear_module_names, load_model, load_tokenizer  # noqa: E402
+from gpuval.finetune.model import (  # noqa: E402
+    TINY_MODEL_DIR,  # noqa: E402
+    apply_lora,
+    linear_module_names,
+    load_model,
+    load_tokenizer,
+)
 from gpuval.finetune.template import IGNORE_INDEX, encode  # noqa: E402
-from gpuval.finetune.tiny import TINY_MODEL_DIR, corpus_texts, train_tokenizer  # noqa: E402
 
 EXAMPLE = {
     "tools": [{"name": "check_prime", "parameters": {"type": "object", "properties": {"number": {}}}}],
@@ -121,9 +127,8 @@ def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     """tiny.pretrain's whole path (made-up values from word pieces, records made and tokenized in worker
     processes, attention per document, saved weights) at a toy size: the loss falls and the saved model
     loads with the shipped tokenizer."""
+    from tiny_model import pretrain, record_texts, write_tiny_model
     from transformers import AutoModelForCausalLM
-
-    from gpuval.finetune.tiny import pretrain, record_texts, write_tiny_model
 
     write_tiny_model(tmp_path)
     lines: list[str] = []

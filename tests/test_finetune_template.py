@@ -9,6 +9,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from tiny_model import SPECIAL_TOKENS  # noqa: E402  (tools/, on pytest's pythonpath)
+
+from gpuval.finetune.model import TINY_MODEL_DIR  # noqa: E402
 from gpuval.finetune.template import (  # noqa: E402
     IGNORE_INDEX,
     QWEN25_TOOL_TEMPLATE,
@@ -18,7 +21,6 @@ from gpuval.finetune.template import (  # noqa: E402
     render,
     render_prompt,
 )
-from gpuval.finetune.tiny import SPECIAL_TOKENS, TINY_MODEL_DIR  # noqa: E402
 
 WEATHER = {
     "name": "get_weather",

@@ -21,7 +21,7 @@ from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
-from gpuval.finetune.train import latest_checkpoint, lr_factor, train  # noqa: E402
+from gpuval.finetune.trainer import latest_checkpoint, lr_factor, train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_unknown_config_key_is_a_usage_error_naming_it(train_file, tmp_path):
 def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
-    import gpuval.finetune.train as train_module
+    import gpuval.finetune.trainer as train_module
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("the model was loaded before the DeepSpeed config was checked")

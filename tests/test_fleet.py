@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import run_dist_worker
 
-from gpuval.fleet import heterogeneity_checks
+from gpuval.health.fleet import heterogeneity_checks
 from gpuval.results import Status
 
 WORKER = Path(__file__).parent / "dist" / "fleet_worker.py"

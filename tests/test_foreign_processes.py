@@ -18,15 +18,15 @@ import pytest
 from nvml_replay import ReplayNvml, load
 
 import gpuval.accept as accept
+import gpuval.bench.run as suite
 import gpuval.health.run as health_run
 import gpuval.nvml as nvml
-import gpuval.suite as suite
 from gpuval.bench.registry import all_benchmarks
+from gpuval.bench.run import plan_benchmarks
 from gpuval.config import Profile, Threshold, load_profile
 from gpuval.errors import UsageError
 from gpuval.health import all_checks
 from gpuval.results import Measurement, Status
-from gpuval.suite import plan_benchmarks
 
 NODE = "n1"
 GIB = 2**30
@@ -213,7 +213,7 @@ def replayed(h200, root, monkeypatch) -> dict:
     monkeypatch.setattr(nvml, "snapshot", lambda library=None: real_snapshot(ReplayNvml(h200)))
     monkeypatch.setattr(health_run, "node_health", processes_only)
     monkeypatch.setattr(accept, "node_inventory", lambda node: {"node": node})
-    monkeypatch.setattr("gpuval.sdc.run_sdc", lambda runtime: [])
+    monkeypatch.setattr("gpuval.health.sdc.run_sdc", lambda runtime: [])
     return h200
 
 

@@ -515,7 +515,7 @@ class _NoParallel:
 )
 def test_fuzz_checkpoint_folders(names, as_file, state, tmp_path):
     tmp_path = case_dir(tmp_path)
-    from gpuval.finetune.train import load_checkpoint, resume_checkpoint
+    from gpuval.finetune.trainer import load_checkpoint, resume_checkpoint
 
     root = tmp_path / "checkpoints"
     root.mkdir()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import run_dist_worker
 
+from gpuval.health.sdc import judge
 from gpuval.results import Status
-from gpuval.sdc import judge
 
 WORKER = Path(__file__).parent / "dist" / "sdc_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -76,7 +76,7 @@ def test_a_cpu_fingerprint_runs_on_one_thread_whatever_the_process_uses(monkeypa
     and the process's own thread count is left as it was."""
     import torch
 
-    import gpuval.sdc as sdc
+    import gpuval.health.sdc as sdc
 
     seen: list[int] = []
     tanh = torch.tanh

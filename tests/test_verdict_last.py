@@ -208,7 +208,7 @@ def test_an_unknown_health_skip_name_stops_accept_before_any_rank(profile, tmp_p
 def test_the_train_benchmarks_scratch_folder_lies_where_the_launcher_removes_it(tmp_path, monkeypatch):
     """Under gpuval's launcher the synthetic data goes inside its exit folder (removed in the launcher's
     `finally`, whatever killed the rank); otherwise in the temp directory; gone after an exception."""
-    from gpuval.bench.train import _scratch
+    from gpuval.bench.train_step import _scratch
     from gpuval.launch import EXIT_DIR_VARIABLE
 
     exit_dir = tmp_path / "gpuval-exit-x"

@@ -12,11 +12,11 @@ from typing import Any, Literal
 
 from gpuval import __version__
 from gpuval.bench.registry import all_benchmarks
+from gpuval.bench.run import Outcome, run_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
 from gpuval.results import Check, Result, Status, verdict
-from gpuval.suite import Outcome, run_benchmarks
 
 
 def node_of(scope: str) -> str | None:
@@ -118,11 +118,11 @@ def run_health_phase(
     the checks across nodes. Returns (node inventories, checks) on rank 0; empty lists elsewhere.
     `command`: what runs them (health.foreign_processes 'auto' FAILs accept, WARNs health).
     `history`: accept's history database; kernel-log XIDs before a node's last passing run don't count."""
-    from gpuval.fleet import heterogeneity_checks, shared_fs_checks
     from gpuval.health.cuda import read_view
+    from gpuval.health.fleet import heterogeneity_checks, shared_fs_checks
     from gpuval.health.run import node_health
+    from gpuval.health.sdc import run_sdc
     from gpuval.nvml import snapshot
-    from gpuval.sdc import run_sdc
 
     views = runtime.all_gather_object((runtime.node_name, read_view()))  # CUDA's view from every rank
     ranks = runtime.all_gather_object((runtime.node_name, os.getpid()))

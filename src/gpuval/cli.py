@@ -148,12 +148,12 @@ def accept(
 ) -> int:
     """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
     from gpuval.atomic import ensure_writable_dir
+    from gpuval.bench.run import plan_benchmarks
     from gpuval.config import load_profile, pick_profile
     from gpuval.discover import local_gpu_names
     from gpuval.discover.pci import nvidia_gpus
     from gpuval.health.run import families
     from gpuval.history import history_path_from, open_history
-    from gpuval.suite import plan_benchmarks
 
     name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
     loaded = load_profile(name, set_)
@@ -234,8 +234,8 @@ def bench(
 ) -> int:
     """Run one benchmark alone (`gpuval bench` lists them with their options)."""
     from gpuval.bench.registry import all_benchmarks, get
+    from gpuval.bench.run import bench_options
     from gpuval.config import apply_sets
-    from gpuval.suite import bench_options
 
     if name is None:
         for bench_name, item in sorted(all_benchmarks().items()):
@@ -258,11 +258,11 @@ def bench(
 
     def work() -> int:
         from gpuval.atomic import write_text_atomic
+        from gpuval.bench.run import run_benchmarks
         from gpuval.discover import node_inventory
         from gpuval.health.cuda import cpu_rank_problem
         from gpuval.report.console import print_measurements
         from gpuval.runtime import init_runtime
-        from gpuval.suite import run_benchmarks
 
         runtime = init_runtime()
         began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -642,8 +642,7 @@ def finetune_synth(
     ] = "tiny",
 ) -> int:
     """Synthetic function-calling records in Glaive v2's own format, quirks included."""
-    from gpuval.finetune.synth import write_synth
-    from gpuval.finetune.tiny import value_part
+    from gpuval.finetune.synth import value_part, write_synth
 
     path = write_synth(n, output, seed, format_, value_part(values, tokenizer))
     err_console.print(f"wrote {n} records to {path}", markup=False, highlight=False)
@@ -767,7 +766,7 @@ def _finetune(
 
     def work() -> int:
         from gpuval.finetune.pipeline import make_data, run_eval
-        from gpuval.finetune.train import train as train_lora
+        from gpuval.finetune.trainer import train as train_lora
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime()

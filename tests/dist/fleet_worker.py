@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from gpuval.fleet import shared_fs_checks
+from gpuval.health.fleet import shared_fs_checks
 from gpuval.runtime import init_runtime
 
 

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from gpuval import sdc
+from gpuval.health import sdc
 from gpuval.runtime import init_runtime
 
 

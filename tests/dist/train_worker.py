@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpuval.errors import GpuvalError
 from gpuval.finetune.config import load_finetune_config
-from gpuval.finetune.train import train
+from gpuval.finetune.trainer import train
 from gpuval.runtime import init_runtime
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError, first_line
-from gpuval.finetune.tiny import TINY_MODEL_DIR
 
 TINY_NAME = "tiny"  # `model: tiny` in a config means the bundled folder
+TINY_MODEL_DIR = Path(__file__).parent / "tiny_model"  # built by tools/tiny_model.py
 SHAPE_SUFFIX = "-shape"  # `model: qwen2-7b-shape`: shapes/qwen2-7b/config.json, random weights
 SHAPES_DIR = Path(__file__).parent / "shapes"
 TINY_INIT_SEED = 0  # a folder with only config.json (a shape) builds the same weights every time

@@ -44,8 +44,7 @@ def make_data(cfg: FinetuneConfig, log: Any = print) -> None:
     """The config's synth and prepare steps (whichever it has), then the held-out-values split."""
     from gpuval.atomic import write_text_atomic
     from gpuval.finetune.data import prepare
-    from gpuval.finetune.synth import write_synth
-    from gpuval.finetune.tiny import value_part
+    from gpuval.finetune.synth import value_part, write_synth
 
     train_source, holdout_source = synth_paths(cfg)
     if cfg.synth:

@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, Param, Values, draw
+from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, draw
 
 SYSTEM_WITH_TOOLS = (
     "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -"
@@ -233,3 +233,23 @@ def write_synth(
         raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/glaive.jsonl")
     ensure_writable_dir(output.parent)
     return write_text_atomic(output, render_records(synth_records(n, seed, values), fmt))
+
+
+def word_pieces(tokenizer: Any) -> tuple[str, ...]:
+    """The vocabulary's tokens of two letters or more, to make up values from (catalogue.MadeUp)."""
+    return tuple(
+        piece
+        for piece in (tokenizer.decode([i]) for i in range(len(tokenizer)))
+        if len(piece) > 1 and piece.isalpha()
+    )
+
+
+def value_part(values: str, tokenizer: str | Path) -> Values:
+    """A synth `values` setting as catalogue.draw takes it: "pieces" is the "synthetic" part with half the
+    made-up text values built from `tokenizer`'s word pieces, as pretraining with `--pieces` makes them;
+    any other setting is itself."""
+    if values != "pieces":
+        return values  # type: ignore[return-value]
+    from gpuval.finetune.model import load_tokenizer
+
+    return MadeUp(word_pieces(load_tokenizer(tokenizer)))

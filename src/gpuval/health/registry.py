@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gpuval.config import Profile
+from gpuval.errors import first_line
 from gpuval.nvml import NvmlSnapshot
 from gpuval.results import Check, Status
 
@@ -47,7 +48,7 @@ class HealthCheck:
 
 _REGISTRY: dict[str, HealthCheck] = {}
 _LOADED = False
-_NOT_CHECKS = {"registry", "run"}  # modules here that hold no family
+_NOT_CHECKS = {"registry", "run", "fleet"}  # no node family here (fleet: checks across nodes, run by accept)
 
 
 def register(check: HealthCheck) -> HealthCheck:
@@ -74,13 +75,12 @@ def _run_family(ctx: HealthContext, family: HealthCheck) -> list[Check]:
     try:
         return family.run(ctx)
     except Exception as exc:  # noqa: BLE001 - a broken checker is an ERROR of the run
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return [
             Check(
                 name=f"{family.name}.run",
                 status=Status.ERROR,
                 scope=f"node:{ctx.node}",
-                detail=f"the {family.name} check crashed: {type(exc).__name__}: {first}",
+                detail=f"the {family.name} check crashed: {type(exc).__name__}: {first_line(exc)}",
             )
         ]
 

@@ -205,7 +205,7 @@ def train(
 
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for index, batch in enumerate(batches):
-            batch = {key: _to(value, device) for key, value in batch.items()}
+            batch = {key: to_device(value, device) for key, value in batch.items()}
             labels = batch.pop("labels")
             batch.pop("segments", None)
             # Gradients are reduced across ranks only on the last micro-batch of the step.
@@ -341,7 +341,7 @@ def _stop_profiler(profiler: Any, folder: Path, on_gpu: bool) -> None:
     write_text_atomic(folder / "operators.txt", table + "\n")
 
 
-def _to(value: Any, device: torch.device) -> Any:
+def to_device(value: Any, device: torch.device) -> Any:
     return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 

@@ -1,7 +1,7 @@
 """Training throughput: the very step `gpuval finetune train` runs, timed on synthetic data.
 
 The benchmark writes synthetic Glaive-format conversations (prepared, one file per rank, the same on every
-rank), builds a fine-tune config from its options and calls `gpuval.finetune.train.train` for
+rank), builds a fine-tune config from its options and calls `gpuval.finetune.trainer.train` for
 `warmup_steps + steps` optimizer steps on one global batch of sequences, the same every step; the first
 `warmup_steps` are not counted. Every step is timed with
 CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
@@ -153,7 +153,7 @@ def _scratch() -> tempfile.TemporaryDirectory:
 
 def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
     from gpuval.finetune.config import finetune_config_from_dict
-    from gpuval.finetune.train import PROFILE, train
+    from gpuval.finetune.trainer import PROFILE, train
 
     runtime = ctx.runtime
     ctx.progress("train: synthetic data")

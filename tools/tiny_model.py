@@ -3,7 +3,7 @@ Qwen2 config (6 layers, hidden 192), and weights pretrained by the project (~6.5
 
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
-    python -m gpuval.finetune.tiny [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
+    python tools/tiny_model.py [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
 The shipped weights (2026-11-23): at commit 99c2831, `--pieces --hidden-size 192 --batch-size 64
 --pretrain-steps 4000 --records 260000 --lr 3e-3` (today's defaults) on one H100, the whole 4,000-step
 schedule (64 x 1,024 tokens a step) in about eight minutes with compiled layers, data making included
@@ -40,7 +40,8 @@ from typing import Any
 
 from gpuval.finetune.catalogue import MadeUp, Values
 from gpuval.finetune.glaive import convert_record
-from gpuval.finetune.synth import synth_record, synth_records
+from gpuval.finetune.model import TINY_MODEL_DIR
+from gpuval.finetune.synth import synth_record, synth_records, word_pieces
 from gpuval.finetune.template import (
     END_OF_TEXT,
     IM_END,
@@ -52,7 +53,6 @@ from gpuval.finetune.template import (
     qwen_tools,
 )
 
-TINY_MODEL_DIR = Path(__file__).parent / "tiny_model"
 VOCAB_SIZE = 3000
 CORPUS_RECORDS = 3000
 CORPUS_SEED = 20261122
@@ -160,26 +160,6 @@ PRETRAIN_LR = 3e-3
 PRETRAIN_WARMUP = 50
 
 
-def word_pieces(tokenizer: Any) -> tuple[str, ...]:
-    """The vocabulary's tokens of two letters or more, to make up values from (catalogue.MadeUp)."""
-    return tuple(
-        piece
-        for piece in (tokenizer.decode([i]) for i in range(len(tokenizer)))
-        if len(piece) > 1 and piece.isalpha()
-    )
-
-
-def value_part(values: str, tokenizer: str | Path) -> Values:
-    """A synth `values` setting as catalogue.draw takes it: "pieces" is the "synthetic" part with half the
-    made-up text values built from `tokenizer`'s word pieces, as pretraining with `--pieces` makes them;
-    any other setting is itself."""
-    if values != "pieces":
-        return values  # type: ignore[return-value]
-    from gpuval.finetune.model import load_tokenizer
-
-    return MadeUp(word_pieces(load_tokenizer(tokenizer)))
-
-
 def pretrain_plan(
     n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED, pieces: tuple[str, ...] = ()
 ) -> list[tuple[Values, int, int, int]]:
@@ -252,7 +232,7 @@ def pretrain(
     from gpuval.finetune.optim import lr_factor
     from gpuval.finetune.packing import collate, pack
     from gpuval.finetune.parallel import decoder_layers
-    from gpuval.finetune.train import _to, data_order
+    from gpuval.finetune.trainer import data_order, to_device
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))
@@ -291,7 +271,7 @@ def pretrain(
         )
         # one bound for the longest document, so the compiled layers never recompile for it
         flat = flatten_for_varlen(batch, max_length=PRETRAIN_SEQ if on_gpu else None)
-        inputs = {key: _to(value, device) for key, value in flat.items()}
+        inputs = {key: to_device(value, device) for key, value in flat.items()}
         labels = inputs.pop("labels")
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_gpu):
             logits = model(**inputs, use_cache=False).logits  # a KV cache in training only recompiles
