@@ -185,42 +185,55 @@ def distributed_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     if kind == "torchrun":
         world = int(env["WORLD_SIZE"])
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
-        return {
-            "launcher": kind,
-            "rank": int(env["RANK"]),
-            "world_size": world,
-            "local_rank": int(env.get("LOCAL_RANK", 0)),
-            "local_world_size": local_world,
-            "node_rank": int(env.get("GROUP_RANK", int(env["RANK"]) // max(local_world, 1))),
-            "master_addr": env.get("MASTER_ADDR", "127.0.0.1"),
-            "master_port": env.get("MASTER_PORT", "29500"),
-        }
+        return _layout(
+            kind,
+            rank=int(env["RANK"]),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=local_world,
+            node_rank=int(env.get("GROUP_RANK", int(env["RANK"]) // max(local_world, 1))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=env.get("MASTER_PORT", "29500"),
+        )
     if kind == "slurm":
         world = int(env["SLURM_NTASKS"])
         nodes = int(env.get("SLURM_NNODES", "1"))
         tasks_per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-        local_world = int(tasks_per_node) if tasks_per_node.isdigit() else max(1, world // nodes)
         job_id = int(env.get("SLURM_JOB_ID", "0") or 0)
-        return {
-            "launcher": kind,
-            "rank": int(env["SLURM_PROCID"]),
-            "world_size": world,
-            "local_rank": int(env.get("SLURM_LOCALID", 0)),
-            "local_world_size": local_world,
-            "node_rank": int(env.get("SLURM_NODEID", 0)),
-            "master_addr": env.get("MASTER_ADDR") or _slurm_master_addr(env),
+        return _layout(
+            kind,
+            rank=int(env["SLURM_PROCID"]),
+            world_size=world,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            local_world_size=int(tasks_per_node) if tasks_per_node.isdigit() else max(1, world // nodes),
+            node_rank=int(env.get("SLURM_NODEID", 0)),
+            master_addr=env.get("MASTER_ADDR") or _slurm_master_addr(env),
             # One port per job, so two jobs sharing a node do not collide.
-            "master_port": env.get("MASTER_PORT") or str(20000 + job_id % 20000),
-        }
+            master_port=env.get("MASTER_PORT") or str(20000 + job_id % 20000),
+        )
+    return _layout(kind)
+
+
+def _layout(
+    launcher: str,
+    rank: int = 0,
+    world_size: int = 1,
+    local_rank: int = 0,
+    local_world_size: int = 1,
+    node_rank: int = 0,
+    master_addr: str = "127.0.0.1",
+    master_port: str = "0",
+) -> dict[str, Any]:
+    """The rank layout as distributed_env returns it (defaults: one process started by hand)."""
     return {
-        "launcher": kind,
-        "rank": 0,
-        "world_size": 1,
-        "local_rank": 0,
-        "local_world_size": 1,
-        "node_rank": 0,
-        "master_addr": "127.0.0.1",
-        "master_port": "0",
+        "launcher": launcher,
+        "rank": rank,
+        "world_size": world_size,
+        "local_rank": local_rank,
+        "local_world_size": local_world_size,
+        "node_rank": node_rank,
+        "master_addr": master_addr,
+        "master_port": master_port,
     }
 
 

@@ -230,42 +230,33 @@ def _joined(parts: list[tuple[str, Any]]) -> str:
     return " · ".join(f"{label} {value}".strip() for label, value in parts if value not in (None, ""))
 
 
+# (label, field) shown for a job, in this order; an empty label shows the value alone
+_SLURM = (
+    ("job", "job_id"),
+    ("name", "job_name"),
+    ("partition", "partition"),
+    ("nodes", "nnodes"),
+    ("", "job_nodelist"),
+    ("step", "step_id"),
+    ("task", "task"),
+    ("local task", "localid"),
+    ("on", "nodename"),
+    ("GPUs on node", "gpus_on_node"),
+    ("job GPUs", "job_gpus"),
+)
+_KUBERNETES = (("pod", "pod"), ("namespace", "namespace"), ("node", "node"))
+
+
 def scheduler_lines(inventory: dict[str, Any]) -> list[str]:
     context = inventory["scheduler"]
     lines = []
     slurm = context.get("slurm")
     if slurm:
         task = f"{slurm['procid']} of {_na(slurm.get('ntasks'))}" if "procid" in slurm else None
-        lines.append(
-            "Slurm "
-            + _joined(
-                [
-                    ("job", slurm.get("job_id")),
-                    ("name", slurm.get("job_name")),
-                    ("partition", slurm.get("partition")),
-                    ("nodes", slurm.get("nnodes")),
-                    ("", slurm.get("job_nodelist")),
-                    ("step", slurm.get("step_id")),
-                    ("task", task),
-                    ("local task", slurm.get("localid")),
-                    ("on", slurm.get("nodename")),
-                    ("GPUs on node", slurm.get("gpus_on_node")),
-                    ("job GPUs", slurm.get("job_gpus")),
-                ]
-            )
-        )
+        lines.append("Slurm " + _joined([(label, {**slurm, "task": task}.get(key)) for label, key in _SLURM]))
     kubernetes = context.get("kubernetes")
     if kubernetes:
-        lines.append(
-            "Kubernetes "
-            + _joined(
-                [
-                    ("pod", kubernetes.get("pod")),
-                    ("namespace", kubernetes.get("namespace")),
-                    ("node", kubernetes.get("node")),
-                ]
-            )
-        )
+        lines.append("Kubernetes " + _joined([(label, kubernetes.get(key)) for label, key in _KUBERNETES]))
     torchrun = context.get("torchrun")
     if torchrun:
         master = torchrun.get("master_addr")

@@ -98,5 +98,29 @@ def per_gpu(
     return checks
 
 
+def at_least(
+    name: str,
+    scope: str,
+    value: float,
+    minimum: float,
+    unit: str,
+    passed: str,
+    missed: str,
+    below: Status = Status.FAIL,
+) -> Check:
+    """`value` against a lower bound: PASS saying `passed`, else `below` (FAIL, or WARN where a low value
+    may be benign) saying `missed`, the line that tells a person what to do."""
+    ok = value >= minimum
+    return Check(
+        name=name,
+        status=Status.PASS if ok else below,
+        value=value,
+        threshold={"min": minimum},
+        unit=unit,
+        scope=scope,
+        detail=passed if ok else missed,
+    )
+
+
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"

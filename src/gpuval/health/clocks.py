@@ -7,6 +7,8 @@ clock settings and sync boost are normal operation.
 
 from __future__ import annotations
 
+import functools
+
 from gpuval.health._common import per_gpu, unavailable
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import GpuInfo
@@ -35,22 +37,17 @@ def _reasons(gpu: GpuInfo, scope: str) -> Check:
     failing = [reason for reason in _FAIL if reason in active]
     warning = [reason for reason in _WARN if reason in active]
     shown = ", ".join(active) or "none"
+    judged = functools.partial(Check, name="clocks.event_reasons", scope=scope)
     if failing:
         # hw_slowdown is also raised by the thermal and power-brake causes: name the most specific one's hint
-        return Check(
-            name="clocks.event_reasons",
-            status=Status.FAIL,
-            scope=scope,
-            detail=f"{', '.join(failing)} active (reasons: {shown}): {_FAIL[failing[0]]}",
+        return judged(
+            status=Status.FAIL, detail=f"{', '.join(failing)} active (reasons: {shown}): {_FAIL[failing[0]]}"
         )
     if warning:
-        return Check(
-            name="clocks.event_reasons",
-            status=Status.WARN,
-            scope=scope,
-            detail=f"{', '.join(warning)} active (reasons: {shown}): {_WARN[warning[0]]}",
+        return judged(
+            status=Status.WARN, detail=f"{', '.join(warning)} active (reasons: {shown}): {_WARN[warning[0]]}"
         )
-    return Check(name="clocks.event_reasons", status=Status.PASS, scope=scope, detail=shown)
+    return judged(status=Status.PASS, detail=shown)
 
 
 def _temperature(gpu: GpuInfo, scope: str) -> Check:

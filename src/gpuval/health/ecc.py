@@ -8,6 +8,8 @@ replacement, 15 as the soft limit).
 
 from __future__ import annotations
 
+import functools
+
 from gpuval.health._common import per_gpu, plural, unavailable
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import GpuInfo, available
@@ -88,23 +90,20 @@ def _row_remapping(gpu: GpuInfo, scope: str) -> Check:
         f"{gpu.remapped_rows_uncorrectable} rows remapped for uncorrectable, "
         f"{gpu.remapped_rows_correctable} for correctable errors"
     )
+    judged = functools.partial(Check, name="ecc.row_remapping", scope=scope)
     if failed:
-        return Check(
-            name="ecc.row_remapping",
+        return judged(
             status=Status.FAIL,
-            scope=scope,
             detail=f"row remapping failed ({rows}): the GPU has no spare row left for a bad one; drain the "
             "node and replace the GPU (NVIDIA RMA policy)",
         )
     if pending:
-        return Check(
-            name="ecc.row_remapping",
+        return judged(
             status=Status.FAIL,
-            scope=scope,
             detail=f"row remapping pending ({rows}): reset the GPU (nvidia-smi -r -i {gpu.index}) or reboot "
             "to apply pending row remapping; until then the bad row stays in use",
         )
-    return Check(name="ecc.row_remapping", status=Status.PASS, scope=scope, detail=rows)
+    return judged(status=Status.PASS, detail=rows)
 
 
 def _retired_pages(gpu: GpuInfo, scope: str) -> Check:

@@ -11,7 +11,16 @@ from typing import Any
 
 from gpuval.config import Expect, Profile
 from gpuval.discover.pci import PciGpu, nvidia_gpus
-from gpuval.health._common import bus_key, gpu_scope, node_scope, plural, reachable, why_no_gpus
+from gpuval.health._common import (
+    at_least,
+    bus_key,
+    gpu_scope,
+    node_scope,
+    plural,
+    reachable,
+    unavailable,
+    why_no_gpus,
+)
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import Unavailable, available
 from gpuval.results import Check, Status
@@ -67,32 +76,19 @@ def _model_checks(expect: Expect, node: str, index: int, name: Any, memory_bytes
             )
     if expect.gpu_memory_gib is not None:
         if not isinstance(memory_bytes, (int, float)):
-            reason = memory_bytes.reason if isinstance(memory_bytes, Unavailable) else "no answer"
-            checks.append(
-                Check(
-                    name="expect.gpu_memory_gib",
-                    status=Status.SKIP,
-                    threshold={"min": expect.gpu_memory_gib},
-                    unit="GiB",
-                    scope=scope,
-                    detail=f"NVML gave no memory size ({reason})",
-                )
-            )
+            checks.append(unavailable("expect.gpu_memory_gib", scope, memory_bytes, "memory size"))
         else:
             gib = memory_bytes / 2**30
-            ok = gib >= expect.gpu_memory_gib
             checks.append(
-                Check(
-                    name="expect.gpu_memory_gib",
-                    status=Status.PASS if ok else Status.FAIL,
-                    value=gib,
-                    threshold={"min": expect.gpu_memory_gib},
-                    unit="GiB",
-                    scope=scope,
-                    detail=f"{gib:.1f} GiB"
-                    if ok
-                    else f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
-                    f"or a memory fault may hide memory (nvidia-smi -q -d MEMORY)",
+                at_least(
+                    "expect.gpu_memory_gib",
+                    scope,
+                    gib,
+                    expect.gpu_memory_gib,
+                    "GiB",
+                    f"{gib:.1f} GiB",
+                    f"{gib:.1f} GiB, {expect.gpu_memory_gib} expected: MIG "
+                    "or a memory fault may hide memory (nvidia-smi -q -d MEMORY)",
                 )
             )
     return checks

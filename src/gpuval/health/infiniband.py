@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuval.discover.network import infiniband_ports
-from gpuval.health._common import link_scope, node_scope, skip
+from gpuval.health._common import at_least, link_scope, node_scope, skip
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.results import Check, Status
 
@@ -58,17 +58,14 @@ def _rate(ctx: HealthContext, port: dict[str, Any], minimum: float) -> Check:
             scope=scope,
             detail=f"sysfs gave no readable rate ({port.get('rate')!r})",
         )
-    ok = rate >= minimum
-    return Check(
-        name="infiniband.rate_gbps",
-        status=Status.PASS if ok else Status.FAIL,
-        value=rate,
-        threshold={"min": minimum},
-        unit="Gb/s",
-        scope=scope,
-        detail=(port.get("rate") or f"{rate:g} Gb/s")
-        if ok
-        else f"{port['hca']} port {port['port']} runs at {port.get('rate')}, {minimum:g} Gb/s expected: "
+    return at_least(
+        "infiniband.rate_gbps",
+        scope,
+        rate,
+        minimum,
+        "Gb/s",
+        port.get("rate") or f"{rate:g} Gb/s",
+        f"{port['hca']} port {port['port']} runs at {port.get('rate')}, {minimum:g} Gb/s expected: "
         "the link trained down; check the cable/transceiver and the switch port speed (ibstat, mlxlink)",
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuval.health._common import per_gpu, unavailable
+from gpuval.health._common import at_least, per_gpu, unavailable
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.nvml import GpuInfo
 from gpuval.results import Check, Status
@@ -30,17 +30,14 @@ def _width(gpu: GpuInfo, scope: str) -> Check:
     now, most = gpu.pcie_width_current, gpu.pcie_width_max
     if not isinstance(now, int) or not isinstance(most, int):
         return unavailable("pcie.width", scope, now if not isinstance(now, int) else most, "PCIe link width")
-    ok = now >= most
-    return Check(
-        name="pcie.width",
-        status=Status.PASS if ok else Status.FAIL,
-        value=now,
-        threshold={"min": most},
-        unit="lanes",
-        scope=scope,
-        detail=f"x{now}"
-        if ok
-        else f"x{now} of x{most}: the link trained narrow; check the PCIe slot/riser, retrain the link "
+    return at_least(
+        "pcie.width",
+        scope,
+        now,
+        most,
+        "lanes",
+        f"x{now}",
+        f"x{now} of x{most}: the link trained narrow; check the PCIe slot/riser, retrain the link "
         "(reseat the GPU or riser, then reboot) and replace the riser or cable if it stays narrow",
     )
 
@@ -51,17 +48,16 @@ def _generation(gpu: GpuInfo, scope: str) -> Check:
         return unavailable(
             "pcie.generation", scope, now if not isinstance(now, int) else most, "PCIe generation"
         )
-    ok = now >= most
-    return Check(
-        name="pcie.generation",
-        status=Status.PASS if ok else Status.WARN,
-        value=now,
-        threshold={"min": most},
-        scope=scope,
-        detail=f"Gen{now}"
-        if ok
-        else f"Gen{now} of Gen{most}: an idle GPU may downshift to save power; re-check under load "
+    return at_least(
+        "pcie.generation",
+        scope,
+        now,
+        most,
+        "",
+        f"Gen{now}",
+        f"Gen{now} of Gen{most}: an idle GPU may downshift to save power; re-check under load "
         "(nvidia-smi -q -d PCI while a benchmark runs) and check the slot/riser if it stays low",
+        below=Status.WARN,
     )
 
 
