@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 4's CPU must-show: `gpuval finetune run --config configs/finetune/tiny-cpu.yaml` end to end on this
-# machine's CPU, timed. Writes under OUT (default benchmarks/results/cpu-finetune-DATE): eval.json,
+# machine's CPU, timed. Writes under OUT (default benchmarks/results/DATE-cpu-finetune): eval.json,
 # train_summary.json, stats.json, run.json (command, wall time, CPU, versions), log.txt.
 set -uo pipefail
-OUT=${OUT:-benchmarks/results/cpu-finetune-$(date -u +%F)}
+OUT=${OUT:-benchmarks/results/$(date -u +%F)-cpu-finetune}
 RUN=${RUN:-/tmp/gpuval-tiny-cpu}
 mkdir -p "$OUT"
 rm -rf "$RUN"

@@ -4,19 +4,17 @@ Qwen2 config (6 layers, hidden 192), and weights pretrained by the project (~6.5
 Regenerate (the output is committed under `tiny_model/`; the tokenizer is deterministic, the weights
 follow a fixed seed and data order but not bit for bit across GPUs):
     python tools/tiny_model.py [--output DIR] [--device cuda] [--pieces] [--stop-after N] [...]
-The shipped weights (2026-11-23): at commit 99c2831, `--pieces --hidden-size 192 --batch-size 64
---pretrain-steps 4000 --records 260000 --lr 3e-3` (today's defaults) on one H100, the whole 4,000-step
-schedule (64 x 1,024 tokens a step) in about eight minutes with compiled layers, data making included
-(benchmarks/tiny_pretrain_device.sh; logs and scores under
-benchmarks/results/h100x1-2026-11-23/tiny-pretrain-batch64/, run4). Another seed of the same recipe
-(run5 there) made a base that copies far worse: pretraining draws differ more than recipes do, and
-these weights are the better of two. On a CPU the same run takes hours.
+The shipped weights come from `--pieces` with today's defaults on one H100, through
+tools/device/tiny_pretrain_device.sh: command, commit, timings, logs and scores in
+benchmarks/results/2026-11-23-h100x1-tiny-pretrain-batch64/ (run4). Another seed of the same recipe made a
+base that copies far worse: pretraining draws differ more than recipes do, and these weights are the better
+of two. A GPU is needed; on a CPU the same run takes hours.
 
 What the base model learns, and what it does not: it is pretrained, with the loss on the replies only, on
 synthetic conversations in Glaive's own text format (`USER:` / `ASSISTANT: <functioncall> {...}`) and on
 tool-free chats in the Qwen chat template. So it knows the functions and how arguments follow from a
 request, but has never seen the Qwen tool format (`<tools>`, `<tool_call>`): before LoRA fine-tuning it
-makes no parsable call, as Qwen2-7B-Instruct's own template knows no tools (REFERENCE.md). Teaching that
+makes no parsable call, as Qwen2-7B-Instruct's own template knows no tools (docs/qwen2-7b.md). Teaching that
 format is the fine-tune's job, and evaluation measures it.
 
 Neither the tokenizer nor the pretraining sees a held-out argument value (catalogue.py): the tokenizer and
@@ -143,14 +141,12 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
-# About two passes over the records in PRETRAIN_STEPS (234,269 documents in 83,795 packs, 192,000 packs
-# drawn): a made-up value is met about twice, too rarely to be memorised instead of copied. (40,000
-# records read many more times gave a base that recalled and garbled unseen values:
-# benchmarks/results/cpu-finetune-2026-11-22-tokenizer2.) 6,000 steps over 195,000 records copy better
-# than 4,000 over 130,000: held-out exact_call_accuracy after the CPU fine-tune 0.87-0.88 against
-# 0.76-0.84 (benchmarks/results/h100x1-2026-11-23/tiny-pretrain-longer/). A batch of 64 costs a GPU step
-# about what 32 does, so the hidden-192 model takes 4,000 steps of 64 over 260,000 records (2.3 passes);
-# 128 with half the steps trains a worse copier (tiny-pretrain-batch64/).
+# About two passes over the records in PRETRAIN_STEPS: a made-up value is met about twice, too rarely to
+# be memorised instead of copied. (Far fewer records read many more times gave a base that recalled and
+# garbled unseen values: benchmarks/results/2026-11-22-cpu-finetune-tokenizer2.) A longer schedule over
+# more records copies better (benchmarks/results/2026-11-23-h100x1-tiny-pretrain-longer/). A batch of 64
+# costs a GPU step about what 32 does, so the hidden-192 model takes 4,000 steps of 64 over 260,000 records;
+# 128 with half the steps trains a worse copier (benchmarks/results/2026-11-23-h100x1-tiny-pretrain-batch64/).
 PRETRAIN_RECORDS = 260000
 PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
 PRETRAIN_STEPS = 4000

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real Slurm cluster of NODES nodes (default 2) on this one host, for CI and for trying the scripts in
-# this folder: Debian's slurmctld, slurmd, slurm-client and munge, no systemd (../../shared/REFERENCE.md).
+# this folder: Debian's slurmctld, slurmd, slurm-client and munge, no systemd (docs/deploy-testing.md).
 #
 #   deploy/slurm/local-cluster.sh start DIR     # prints `export SLURM_CONF=DIR/slurm.conf`
 #   deploy/slurm/local-cluster.sh stop DIR
@@ -85,15 +85,37 @@ CONF
 
 export SLURM_CONF="$conf"
 slurmctld -f "$conf"
-for i in $(seq 1 "$nodes"); do
-  slurmd -f "$conf" -N "node$i"
-done
-# Ready when every node is idle.
+# A slurmd that starts before slurmctld listens registers late (its retry is minutes away on some builds):
+# start the nodes once the controller answers.
 for _ in $(seq 1 60); do
+  scontrol ping 2>/dev/null | grep -q UP && break
+  sleep 0.5
+done
+start_node() { slurmd -f "$conf" -N "$1"; }
+for i in $(seq 1 "$nodes"); do
+  start_node "node$i"
+done
+# Ready when every node is idle. A node still not idle after 15 s has its slurmd restarted once (on a
+# busy 2-core host a first registration can be lost); the whole wait is bounded at 90 s.
+restarted=0
+for step in $(seq 1 180); do
   idle=$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)
   [ "$idle" -ge "$nodes" ] && { echo "export SLURM_CONF=$conf"; exit 0; }
+  if [ "$step" -eq 30 ] && [ "$restarted" -eq 0 ]; then
+    restarted=1
+    for i in $(seq 1 "$nodes"); do
+      node="node$i"
+      sinfo -h -N -t idle -o %N 2>/dev/null | grep -qx "$node" && continue
+      pidfile="$dir/slurmd-$node.pid"
+      [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
+      sleep 1
+      start_node "$node"
+      scontrol update NodeName="$node" State=RESUME 2>/dev/null || true
+    done
+  fi
   sleep 0.5
 done
 echo "$0: the nodes did not come up; see $dir/log/" >&2
 sinfo -N >&2 || true
+tail -n 5 "$dir"/log/slurmd-*.log >&2 2>/dev/null || true
 exit 1

@@ -1,0 +1,127 @@
+"""Command line: the typer app, one module per command group, and `main()` (the `gpuval` entry point).
+
+Every command module only parses its options and calls the modules that do the work; launching ranks is
+gpuval.launch's, rendering gpuval.report's. Their heavy imports (torch, transformers) stay inside the
+commands, so `gpuval --help` and a usage error stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+
+import typer
+
+from gpuval.cli import accept, bench, discover, finetune, health, monitor, results
+from gpuval.cli.options import err_console
+from gpuval.errors import GpuvalError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Validate NVIDIA GPU nodes and clusters: benchmarks and an acceptance verdict.",
+)
+# registered here, in the order `gpuval --help` lists them
+app.command()(accept.accept)
+app.command()(bench.bench)
+app.command()(discover.discover)
+app.command()(health.health)
+app.command()(monitor.monitor)
+app.command()(results.profiles)
+app.command()(results.report)
+app.command()(results.compare)
+app.command("history")(results.history_command)
+app.command()(results.schema)
+app.add_typer(finetune.finetune_app, name="finetune")
+
+
+def _click_line(exc: Exception) -> str:
+    """A click usage error (unknown option, missing argument, bad value) as one line naming the help."""
+    message = " ".join(exc.format_message().split()).rstrip(".")  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "gpuval"
+    return f"gpuval: {message} (see {command} --help)"
+
+
+def _say(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether a module is being imported somewhere on this Python stack."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def main() -> None:
+    """Entry point: usage errors exit 2 (typer), our own errors print one line with their exit code."""
+    import signal
+
+    from gpuval.errors import Interrupted
+    from gpuval.launch import worker_start
+    from gpuval.runtime import launcher_env, leave_process
+
+    worker_start()  # a rank that gpuval's own launcher started: dies with it (launch.py)
+    # Signals received: Interrupted is raised wherever the process is, also inside an import, where a
+    # library may turn it into an error of its own (transformers' lazy imports do): the signal decides.
+    signalled: list[int] = []
+    if launcher_env() == "single":  # not a rank of torchrun/srun: SIGINT/SIGTERM end it in one line
+
+        def _interrupted(signum, frame):
+            signalled.append(signum)
+            if _importing(frame):
+                # An exception raised inside a module's import may have to cross C++ (torch's extension
+                # init calls back into Python): pybind11 then aborts the process. Nothing is being written
+                # during an import (outputs are atomic, the output lock is an flock the kernel frees), so
+                # the run ends here, in one line, without unwinding.
+                _say(f"gpuval: {Interrupted(signum)}")
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+                os._exit(Interrupted(signum).exit_code)
+            raise Interrupted(signum)
+
+        signal.signal(signal.SIGINT, _interrupted)
+        signal.signal(signal.SIGTERM, _interrupted)
+    try:  # typer >= 0.25 carries its own copy of click: its exceptions are the ones raised
+        from typer import _click as click
+    except ImportError:  # pragma: no cover - older typer, on click itself
+        import click
+
+    code = 0
+    try:
+        # standalone_mode=False: click's own usage errors come here, to be said in one line
+        code = app(prog_name="gpuval", standalone_mode=False) or 0
+    except click.exceptions.NoArgsIsHelpError as exc:  # `gpuval` or `gpuval finetune` alone: the help
+        exc.show()
+        code = exc.exit_code
+    except click.ClickException as exc:
+        _say(_click_line(exc))
+        code = exc.exit_code
+    except typer.Abort:
+        _say("gpuval: aborted")
+        code = 1
+    except GpuvalError as exc:
+        _say(f"gpuval: {exc}")
+        code = exc.exit_code
+    except (Interrupted, KeyboardInterrupt) as exc:
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        _say(f"gpuval: {stop}")
+        code = stop.exit_code
+    except Exception:
+        if not signalled:
+            raise
+        stop = Interrupted(signalled[0])
+        _say(f"gpuval: {stop}")
+        code = stop.exit_code
+    except SystemExit as exc:  # typer ends every command this way
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            err_console.print(str(exc.code), markup=False, highlight=False)
+            code = 1
+    leave_process(code)
