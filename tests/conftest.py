@@ -3,6 +3,18 @@
 Every CLI test runs in a clean environment: no launcher variables (RANK, SLURM_*, ...) leak in from
 the test runner, no GPU is visible (CPU-only tests behave the same on a GPU machine), and the terminal
 is 80 columns wide, as in most CI logs, so messages that wrap are caught.
+
+Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped one an error):
+
+    pytest                   everything (the README's command, .ci/run); 8 to 12 minutes on 2 cores
+    pytest -m "not slow"     the inner loop, <= 2 minutes on 2 cores: every module's formulas, verdicts,
+                             parsing, configs and quick fuzzing, in-process or through quick CLI calls
+
+`slow` takes more than about a second (trains a model, runs `gpuval accept`, starts many processes);
+`dist` starts torchrun or several cooperating processes; `slurm` runs the real local Slurm
+(test_slurm.py); `browser` opens headless Chromium (test_report.py). A `dist`, `slurm` or `browser` test
+is `slow` as well (pytest_collection_modifyitems below), so a test is marked with what it does, once.
+A whole module of one kind says so with `pytestmark = pytest.mark.dist`; a mixed module marks its tests.
 """
 
 from __future__ import annotations
@@ -14,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ("pytester",)  # test_tiers.py runs pytest on small test files in-process
 
 DIST = Path(__file__).parent / "dist"  # workers the tests start under torchrun
 LAUNCHER_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PMI_", "OMPI_")
@@ -64,6 +78,16 @@ def run_dist_worker(worker: str, *args: str, nproc: int, cwd: Path) -> subproces
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
+
+
+ALSO_SLOW = ("dist", "slurm", "browser")  # markers that imply `slow`
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out."""
+    for item in items:
+        if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in ALSO_SLOW):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

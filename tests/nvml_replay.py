@@ -1,4 +1,4 @@
-"""A pynvml stand-in that answers from a recording made on a real machine (benchmarks/record_nvml.py).
+"""A pynvml stand-in that answers from a recording made on a real machine (tools/record_nvml.py).
 
 NVML cannot exist without a GPU, so tests replay what NVML really answered on the lent machines; faulty
 variants are the same recording with one answer changed. Errors are raised as pynvml's own exception

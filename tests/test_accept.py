@@ -67,6 +67,7 @@ def two_ranks(gpuval, tmp_path_factory):
     return proc, out
 
 
+@pytest.mark.dist
 def test_two_rank_accept_passes(two_ranks):
     proc, out = two_ranks
     _no_traceback(proc)
@@ -77,6 +78,7 @@ def test_two_rank_accept_passes(two_ranks):
     assert written in " ".join(proc.stdout.split())
 
 
+@pytest.mark.dist
 def test_two_rank_result_json(two_ranks):
     proc, out = two_ranks
     document, _ = _read(out)
@@ -106,6 +108,7 @@ def bench_checks(document: dict) -> list[dict]:
     return [c for c in document["checks"] if c["name"].split(".")[0] not in health]
 
 
+@pytest.mark.dist
 def test_two_rank_measurements(two_ranks):
     _, out = two_ranks
     document, _ = _read(out)
@@ -129,6 +132,7 @@ def test_two_rank_measurements(two_ranks):
     assert len([m for m in measurements if m["name"] == "membw"]) == 2
 
 
+@pytest.mark.dist
 def test_two_rank_checks_cover_the_profile(two_ranks):
     _, out = two_ranks
     document, _ = _read(out)
@@ -143,6 +147,7 @@ def test_two_rank_checks_cover_the_profile(two_ranks):
     assert busbw["all_reduce.busbw_gbps"]["threshold"] == {"min": 0.01, "bytes": 2**20}
 
 
+@pytest.mark.dist
 def test_two_rank_junit(two_ranks):
     _, out = two_ranks
     document, suite = _read(out)
@@ -162,6 +167,7 @@ def failing(gpuval, tmp_path_factory):
     return proc, written
 
 
+@pytest.mark.slow
 def test_fail_exits_1(failing):
     proc, written = failing
     _no_traceback(proc)
@@ -169,6 +175,7 @@ def test_fail_exits_1(failing):
     assert len(written) == 1, "expected one gpuval-results/accept-<stamp> directory"
 
 
+@pytest.mark.slow
 def test_fail_result_names_the_cpu_scope(failing):
     _, written = failing
     document, suite = _read(written[0])
@@ -193,10 +200,11 @@ def test_fail_result_names_the_cpu_scope(failing):
 _SMALL_MEMBW = "benchmarks:\n  membw: {device_bytes: 1MiB, warmup: 0, repeats: 1}\n"
 
 
+@pytest.mark.slow
 def test_error_exits_3_and_json_goes_to_stdout(gpuval, write_profile, tmp_path):
+    # h2d_gbps is a declared membw metric that only a GPU measures: on this CPU there is nothing to judge
     path = write_profile(
-        "name: err\nchecks:\n  membw.nonexistent_tbps: {min: 1}\n  membw.copy_tbps: {min: 1e-9}\n"
-        + _SMALL_MEMBW
+        "name: err\nchecks:\n  membw.h2d_gbps: {min: 1}\n  membw.copy_tbps: {min: 1e-9}\n" + _SMALL_MEMBW
     )
     out = tmp_path / "out"
     proc = gpuval(
@@ -210,18 +218,18 @@ def test_error_exits_3_and_json_goes_to_stdout(gpuval, write_profile, tmp_path):
     assert document["verdict"] == "ERROR"
     assert document["profile"] == "err"
     statuses = {c["name"]: c["status"] for c in bench_checks(document)}
-    assert statuses == {"membw.nonexistent_tbps": "ERROR", "membw.copy_tbps": "PASS"}
+    assert statuses == {"membw.h2d_gbps": "ERROR", "membw.copy_tbps": "PASS"}
     error = next(c for c in document["checks"] if c["status"] == "ERROR")
-    assert "nonexistent_tbps" in error["detail"]
+    assert "h2d_gbps" in error["detail"] and error["unit"] == "GB/s"
     assert error["value"] is None
     _junit_matches(document, suite)
     assert suite.get("errors") == "1" and suite.get("failures") == "0"
 
 
+@pytest.mark.slow
 def test_fail_outranks_error_in_the_exit_code(gpuval, write_profile, tmp_path):
     path = write_profile(
-        "name: both\nchecks:\n  membw.nonexistent_tbps: {min: 1}\n  membw.copy_tbps: {min: 1e9}\n"
-        + _SMALL_MEMBW
+        "name: both\nchecks:\n  membw.h2d_gbps: {min: 1}\n  membw.copy_tbps: {min: 1e9}\n" + _SMALL_MEMBW
     )
     out = tmp_path / "out"
     proc = gpuval(
@@ -266,6 +274,7 @@ def test_benchmark_listed_without_a_check_runs(write_profile):
     "text, fragments",
     [
         ("checks:\n  warp_drive.speed_gbps: {min: 1}\n", ("nothing measures 'warp_drive'",)),
+        ("checks:\n  membw.copy_tbs: {min: 1}\n", ("no metric 'copy_tbs'", "did you mean 'membw.copy_tbps'")),
         ("checks:\n  outliers.collectives_pct: {max: 5}\n", ("compares no benchmark", "outliers.matmul_pct")),
         ("checks:\n  outliers.matmul: {max: 5}\n", ("compares no benchmark",)),
         ("benchmarks:\n  matmull: {}\n", ("benchmarks.matmull: unknown benchmark", "matmul, membw")),
@@ -345,6 +354,7 @@ def test_node_scope_parsing_and_failed_nodes():
     assert failed_nodes(checks) == {"n1": "ecc.uncorrected_volatile on gpu:n1/3"}
 
 
+@pytest.mark.dist
 def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
     """No InfiniBand here but one port expected: the node fails health, collectives are not run, the
     node's benchmarks SKIP."""
@@ -369,6 +379,7 @@ def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
     assert result["verdict"] == "FAIL"
 
 
+@pytest.mark.slow
 def test_gpus_expected_on_a_machine_without_any_run_no_benchmark_on_the_cpu(tmp_path, gpuval):
     """No GPU here but 8 expected: one rank (not two CPU ranks standing in for GPUs), no benchmark at all,
     every benchmark check SKIP naming the health check that failed; the verdict is FAIL, within seconds."""
@@ -386,6 +397,7 @@ def test_gpus_expected_on_a_machine_without_any_run_no_benchmark_on_the_cpu(tmp_
     assert result["verdict"] == "FAIL"
 
 
+@pytest.mark.dist
 def test_shared_directory_is_checked_when_the_profile_names_one(tmp_path, gpuval):
     out, shared = tmp_path / "out", tmp_path / "shared"
     shared.mkdir()

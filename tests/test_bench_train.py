@@ -70,6 +70,7 @@ def test_fixed_mode_conversations_are_longer_than_a_sequence():
     assert all(len(encode(c, tokenizer, 10**6).input_ids) > 256 for c in joined)
 
 
+@pytest.mark.slow
 def test_bench_train_on_cpu_trains_and_reports(tmp_path, gpuval):
     out = tmp_path / "train.json"
     result = gpuval(["bench", "train", "--quick", "--set", "mode=fixed", "--output", str(out)], tmp_path)

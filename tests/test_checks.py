@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from gpuval import metrics
 from gpuval.checks import (
     correctness_checks,
     gap_to_median_pct,
-    hint_for,
     outlier_measurements,
     threshold_checks,
-    unit_of,
 )
 from gpuval.config import Profile
 from gpuval.results import Measurement, Status
@@ -94,14 +93,15 @@ def test_max_bound():
     checks = judge({"all_reduce.time_us": {"max": 50}})
     assert [(c.value, c.status) for c in checks] == [(40.0, Status.PASS), (60.0, Status.FAIL)]
     assert checks[0].unit == "us"
-    assert checks[1].detail == f"60 us on cluster, required <= 50: {hint_for('all_reduce', 'time_us')}"
+    assert checks[1].detail == f"60 us on cluster, required <= 50: {metrics.hint('all_reduce', 'time_us')}"
 
 
 def test_min_and_max_bound():
     checks = judge({"all_reduce.time_us": {"min": 45, "max": 70, "level": "warn"}})
     assert [c.status for c in checks] == [Status.WARN, Status.PASS]
     assert (
-        checks[0].detail == f"40 us on cluster, required >= 45 and <= 70: {hint_for('all_reduce', 'time_us')}"
+        checks[0].detail
+        == f"40 us on cluster, required >= 45 and <= 70: {metrics.hint('all_reduce', 'time_us')}"
     )
     assert checks[1].detail == "60 us, required >= 45 and <= 70"
 
@@ -291,21 +291,22 @@ def test_correctness_nothing_to_check():
 
 
 @pytest.mark.parametrize(
-    ("metric", "unit"),
+    ("name", "metric", "unit"),
     [
-        ("busbw_gbps", "GB/s"),
-        ("copy_tbps", "TB/s"),
-        ("fp32_tflops", "TFLOP/s"),
-        ("matmul_pct", "%"),
-        ("time_us", "us"),
-        ("duration_s", "s"),
-        ("memory_gib", "GiB"),
-        ("wrong_count", ""),
-        ("other", ""),
+        ("all_reduce", "busbw_gbps", "GB/s"),
+        ("membw", "copy_tbps", "TB/s"),
+        ("matmul", "fp32_tflops", "TFLOP/s"),
+        ("outliers", "matmul_pct", "%"),
+        ("all_reduce", "time_us", "us"),
+        ("all_reduce", "time_us_max", "us"),  # a spread shares its metric's unit
+        ("train", "step_ms", "ms"),
+        ("train", "peak_memory_gib", "GiB"),
+        ("matmul", "other", ""),  # undeclared
+        ("warp_drive", "busbw_gbps", ""),  # no such measurement: a suffix says nothing any more
     ],
 )
-def test_unit_of(metric, unit):
-    assert unit_of(metric) == unit
+def test_unit_of_a_declared_metric(name, metric, unit):
+    assert metrics.unit(name, metric) == unit
 
 
 @pytest.mark.parametrize(
@@ -319,7 +320,7 @@ def test_unit_of(metric, unit):
     ],
 )
 def test_every_failure_gets_a_hint_for_its_hardware(name, metric, expected):
-    assert expected in hint_for(name, metric)
+    assert expected in metrics.hint(name, metric)
 
 
 def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monkeypatch, capsys):

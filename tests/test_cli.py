@@ -82,6 +82,7 @@ def test_set_wrong_type(gpuval, assert_usage_error, tmp_path, out):
     _no_results(out)
 
 
+@pytest.mark.slow
 def test_set_wrong_type_with_detected_profile_and_default_nproc(gpuval, assert_usage_error, tmp_path, out):
     # no --profile: the CPU profile is picked; the parent rejects the value before it starts the ranks
     proc = gpuval(["accept", "--set", "expect.gpu_count=many", "--output", str(out)], tmp_path)
@@ -104,6 +105,7 @@ def test_set_without_equals(gpuval, assert_usage_error, tmp_path, out):
     _no_results(out)
 
 
+@pytest.mark.slow
 def test_check_on_something_nothing_measures(gpuval, assert_usage_error, write_profile, tmp_path, out):
     path = write_profile("name: x\nchecks:\n  warp_drive.speed_gbps: {min: 1}\n")
     proc = gpuval(["accept", "--profile", str(path), "--output", str(out), "--nproc", "1"], tmp_path)
@@ -111,6 +113,7 @@ def test_check_on_something_nothing_measures(gpuval, assert_usage_error, write_p
     _no_results(out)
 
 
+@pytest.mark.slow
 def test_bench_option_of_wrong_type(gpuval, assert_usage_error, tmp_path):
     proc = gpuval(["bench", "matmul", "--set", "repeats=many", "--nproc", "1"], tmp_path)
     assert_usage_error(proc, "bench matmul", "'repeats'", "'many'")
@@ -120,6 +123,7 @@ def test_bench_option_of_wrong_type(gpuval, assert_usage_error, tmp_path):
 
 
 @pytest.mark.parametrize("nproc", [["--nproc", "1"], []], ids=["one-rank", "default-ranks"])
+@pytest.mark.slow
 def test_accept_output_under_a_regular_file(gpuval, assert_usage_error, tmp_path, nproc):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -164,6 +168,58 @@ def test_schema_command_prints_the_shipped_schema(gpuval, tmp_path):
     assert json.loads(proc.stdout) == json_schema()
 
 
+def test_schema_bench_prints_the_shipped_bench_schema(gpuval, tmp_path):
+    proc = gpuval(["schema", "bench"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json_schema("bench")
+    assert json.loads(proc.stdout)["$id"] == "gpuval.bench/v1"
+
+
+def test_help_lists_every_command_group(gpuval, tmp_path):
+    """One module per group under gpuval/cli/: each still registers its commands on the one app."""
+    from conftest import cli_env
+
+    proc = gpuval(["--help"], tmp_path, env=cli_env(COLUMNS="250"))
+    assert proc.returncode == 0, proc.stderr
+    listed = [line.strip("│ ").split()[0] for line in proc.stdout.splitlines() if line.startswith("│ ")]
+    assert [name for name in listed if name != "--help"] == [
+        "accept", "bench", "discover", "health", "monitor", "profiles", "report", "compare", "history",
+        "schema", "finetune",
+    ], proc.stdout  # fmt: skip
+    proc = gpuval(["finetune", "--help"], tmp_path, env=cli_env(COLUMNS="250"))
+    for name in ("synth", "prepare", "train", "eval", "run"):
+        assert f"│ {name} " in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "status"),
+    [
+        (["collectives", "--set", "max_bytes=65536", "--set", "ops=[all_reduce]", "--nproc", "2"], 0, "OK"),
+        (["p2p", "--nproc", "1"], 3, "SKIP"),  # no GPU here: the document still says why
+    ],
+    ids=["ran", "skipped"],
+)
+@pytest.mark.slow
+def test_bench_output_validates_against_the_bench_schema(gpuval, tmp_path, args, code, status):
+    import jsonschema
+
+    from gpuval.results import BenchDocument
+
+    out = tmp_path / "bench.json"
+    proc = gpuval(["bench", *args, "--quick", "--output", str(out)], tmp_path)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    document = json.loads(out.read_text(encoding="utf-8"))
+    jsonschema.validate(document, json_schema("bench"))
+    assert document["schema"] == "gpuval.bench/v1" and document["status"] == status
+    # the fields and their order are those of the untyped document earlier versions wrote
+    assert list(document) == [
+        "schema", "benchmark", "started_at", "duration_s", "world", "status", "detail", "options",
+        "command", "inventory", "measurements",
+    ]  # fmt: skip
+    assert BenchDocument.model_validate(document).benchmark == args[0]
+    assert bool(document["measurements"]) == (status == "OK")
+
+
 def test_profiles_command_lists_the_builtins(gpuval, tmp_path):
     proc = gpuval(["profiles"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -196,6 +252,6 @@ def test_nproc_help_states_the_default_each_command_uses(gpuval, tmp_path, comma
     text = " ".join(proc.stdout.replace("│", " ").split())
     assert stated in text, text
     if command != ["finetune", "train"]:
-        from gpuval.cli import _default_nproc
+        from gpuval.launch import default_nproc
 
-        assert _default_nproc() == 2  # what the help states, on this machine without NVIDIA GPUs
+        assert default_nproc() == 2  # what the help states, on this machine without NVIDIA GPUs

@@ -1,4 +1,4 @@
-"""Collectives: nccl-tests formulas by hand (PERFORMANCE.md table in shared/REFERENCE.md), buffer layouts,
+"""Collectives: nccl-tests formulas by hand (nccl-tests' PERFORMANCE.md, docs/collectives.md), buffer layouts,
 expected results, and real gloo collectives under torchrun (tests/dist/collectives_worker.py).
 """
 
@@ -268,6 +268,7 @@ def _assert_bandwidths(m: Measurement, factor: float) -> None:
     assert m.metrics["busbw_gbps"] == pytest.approx(m.metrics["algbw_gbps"] * factor, rel=1e-12)
 
 
+@pytest.mark.dist
 def test_runtime_under_torchrun(world3):
     rt = world3["runtime"]
     assert rt["launcher"] == "torchrun"
@@ -277,6 +278,7 @@ def test_runtime_under_torchrun(world3):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.dist
 def test_every_op_exact_at_three_ranks(world3, dtype):
     measured = _measurements(world3["runs"][dtype])
     element = {"float32": 4, "bfloat16": 2}[dtype]
@@ -295,6 +297,7 @@ def test_every_op_exact_at_three_ranks(world3, dtype):
     assert all(c.detail == "exact at all 4 sizes" and c.value == 0 for c in checks)
 
 
+@pytest.mark.dist
 def test_faulty_all_reduce_is_caught(world3):
     measured = _measurements(world3["runs"]["faulty"])
     by_op = {op: [m for m in measured if m.name == op] for op in ("all_reduce", "broadcast")}
@@ -312,12 +315,14 @@ def test_faulty_all_reduce_is_caught(world3):
     assert checks["broadcast.correct"].status is Status.PASS
 
 
+@pytest.mark.dist
 def test_faulty_op_restored_for_later_runs(world3):
     # the node-scope run came after the faulty one in the same processes
     measured = _measurements(world3["runs"]["node"])
     assert all(m.metrics["wrong_elements"] == 0 for m in measured if m.name == "all_reduce")
 
 
+@pytest.mark.dist
 def test_scope_node_on_one_node(world3):
     measured = _measurements(world3["runs"]["node"])
     node = world3["runtime"]["node_name"]
@@ -332,6 +337,7 @@ def test_scope_node_on_one_node(world3):
         _assert_bandwidths(m, FACTOR_3[m.name])
 
 
+@pytest.mark.dist
 def test_scope_node_splits_two_nodes(split4):
     measured = _measurements(split4["runs"]["node"])
     for scope in ("node:fake-a", "node:fake-b"):
@@ -345,6 +351,7 @@ def test_scope_node_splits_two_nodes(split4):
     assert len(measured) == 2 * len(ALL_OPS) * len(SIZES)
 
 
+@pytest.mark.dist
 def test_scope_node_isolates_the_faulty_node(split4):
     measured = _measurements(split4["runs"]["node_faulty"])
     wrong = {(m.scope, m.params["bytes"]): m.metrics["wrong_elements"] for m in measured}
@@ -355,6 +362,7 @@ def test_scope_node_isolates_the_faulty_node(split4):
     assert checks["node:fake-b"].detail.startswith("4 wrong elements at 4 KiB, 4.9 KiB, 16 KiB, 64 KiB: ")
 
 
+@pytest.mark.dist
 def test_world_scope_after_node_groups(split4):
     measured = _measurements(split4["runs"]["world_after_split"])
     assert [m.params["bytes"] for m in measured] == SIZES

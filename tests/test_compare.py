@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from gpuval.report.compare import compare, direction, regressions
+from gpuval.metrics import direction
+from gpuval.report.compare import compare, regressions
 from gpuval.results import Measurement, Result, Status, World
 
 
@@ -86,11 +87,20 @@ def test_regressions_over_a_threshold():
 
 
 @pytest.mark.parametrize(
-    "metric, sign",
-    [("busbw_gbps", 1), ("copy_tbps", 1), ("mfu_pct", 1), ("matmul_pct", -1), ("step_ms", -1), ("ranks", 0)],
+    "name, metric, sign",
+    [
+        ("all_reduce", "busbw_gbps", 1),
+        ("membw", "copy_tbps", 1),
+        ("train", "mfu_pct", 1),
+        ("outliers", "matmul_pct", -1),
+        ("train", "step_ms", -1),
+        ("train", "loss_last", 0),  # declared, never compared
+        ("p2p", "copy_gbps_min", 0),  # a spread is never compared
+        ("all_reduce", "ranks", 0),  # undeclared
+    ],
 )
-def test_direction(metric, sign):
-    assert direction(metric) == sign
+def test_direction(name, metric, sign):
+    assert direction(name, metric) == sign
 
 
 def test_cli_exit_code_follows_fail_on_regression(tmp_path, gpuval):

@@ -1,6 +1,6 @@
 """deploy/k8s and deploy/docker, checked offline: manifests against the Kubernetes schema (kubernetes-validate
 --strict), their multi-node wiring against itself, the files they name against gpuval's own loaders, and
-the Dockerfile through hadolint. No cluster and no Docker engine run here (REFERENCE.md)."""
+the Dockerfile through hadolint. No cluster and no Docker engine run here (docs/deploy-testing.md)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ SHELL_SCRIPTS = [
     *sorted((REPO / "deploy" / "slurm").glob("*.sbatch")),
     *sorted((REPO / "deploy" / "slurm").glob("*.sh")),
     *sorted((REPO / "benchmarks").glob("*.sh")),
+    *sorted((REPO / "tools").glob("**/*.sh")),
     REPO / ".ci" / "run",
     *ENV_PROFILES,
 ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
 
 
+@pytest.mark.slow
 def test_synth_prepare_train_then_resume(tmp_path, gpuval):
     assert (
         gpuval(

@@ -211,6 +211,7 @@ def test_cli_synth_into_a_directory_is_a_usage_error(gpuval, assert_usage_error,
     assert_usage_error(proc, "is a directory")
 
 
+@pytest.mark.slow
 def test_cli_synth_pieces_values_are_made_up_from_the_tokenizers_word_pieces(
     gpuval, assert_usage_error, tmp_path
 ):

@@ -1,4 +1,4 @@
-"""LoRA FLOPs per token and MFU against the hand-computed Qwen2-7B figures of REFERENCE.md."""
+"""LoRA FLOPs per token and MFU against the hand-computed Qwen2-7B figures of docs/mfu.md."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from gpuval.finetune.flops import (
 from gpuval.finetune.model import SHAPES_DIR
 
 QWEN2_7B = json.loads((SHAPES_DIR / "qwen2-7b" / "config.json").read_text(encoding="utf-8"))
-LORA_R64_QKVO = 40_370_176  # REFERENCE.md
+LORA_R64_QKVO = 40_370_176  # docs/mfu.md
 
 
 def config(**overrides: object) -> SimpleNamespace:
@@ -43,8 +43,8 @@ def test_lora_flops_per_token_at_4096_is_33_5_gflop():
     flops = lora_flops_per_token(config(), LORA_R64_QKVO, 4096)
     by_hand = 4 * 7_070_285_824 + 6 * LORA_R64_QKVO + 12 * 28 * 3584 * 4096
     assert flops == by_hand
-    assert flops / 1e9 == pytest.approx(33.45, abs=0.01)  # REFERENCE.md: 33.5 GFLOP/token
-    # 29.6k tokens/s/GPU is 100 % MFU on a 989 TFLOP/s GPU (REFERENCE.md)
+    assert flops / 1e9 == pytest.approx(33.45, abs=0.01)  # docs/mfu.md: 33.45 GFLOP/token
+    # 29.6k tokens/s/GPU is 100 % MFU on a 989 TFLOP/s GPU (docs/mfu.md)
     assert mfu(29_580, flops, peak_flops("NVIDIA H100 80GB HBM3")) == pytest.approx(1.0, abs=0.002)
 
 

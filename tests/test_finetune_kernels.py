@@ -119,6 +119,7 @@ def _cu(batch: dict) -> dict:
     return {k: v for k, v in batch.items() if k.startswith(("cu_seq_lens", "max_length"))}
 
 
+@pytest.mark.slow
 def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_file, tmp_path):  # noqa: F811
     losses = {}
     for attention in ("sdpa", "varlen"):

@@ -1,6 +1,6 @@
 """The bundled tiny model learns the Qwen tool format through LoRA, on the CPU, in a few minutes:
 held-out accuracy rises from the base model's zero (issue 4; the full tiny-cpu run is
-benchmarks/finetune_cpu.sh, its result in benchmarks/results/cpu-finetune-2026-11-24-wider/)."""
+benchmarks/finetune_cpu.sh, its result in benchmarks/results/2026-11-24-cpu-finetune-wider/)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
+
+pytestmark = pytest.mark.slow  # about a minute of LoRA training on the CPU
 
 CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
 SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer examples scored

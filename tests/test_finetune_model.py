@@ -50,7 +50,7 @@ def test_bundled_files_are_a_few_megabytes_with_bf16_weights():
         "tokenizer_config.json",
     ]
     # "a few MB at most" (issue 4): 6.7 MB since the base is 192 wide (3.2 M bf16 parameters), which took
-    # held-out accuracy 0.895 -> 0.925 (benchmarks/results/cpu-finetune-2026-11-24-wider/)
+    # held-out accuracy 0.895 -> 0.925 (benchmarks/results/2026-11-24-cpu-finetune-wider/)
     assert sum(path.stat().st_size for path in TINY_MODEL_DIR.iterdir()) < 7_000_000
     from safetensors import safe_open
 
@@ -123,6 +123,7 @@ def test_gpuval_outside_finetune_does_not_import_transformers():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+@pytest.mark.slow
 def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     """tiny.pretrain's whole path (made-up values from word pieces, records made and tokenized in worker
     processes, attention per document, saved weights) at a toy size: the loss falls and the saved model

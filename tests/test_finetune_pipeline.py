@@ -97,6 +97,7 @@ def test_a_shape_without_tokenizer_and_an_unknown_shape_are_one_line_errors(tmp_
     assert cfg.tokenizer_source == "tiny" and cfg.data.train == f"{tmp_path}/data/train.jsonl"
 
 
+@pytest.mark.slow
 def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gpuval):
     sets = [
         "synth.n=40",
@@ -130,6 +131,7 @@ def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gp
     assert all(len(line) <= 80 for line in result.stdout.splitlines() if "│" in line)  # fits CI logs
 
 
+@pytest.mark.slow
 def test_eval_without_an_adapter_is_one_line_and_exit_2(tmp_path, gpuval):
     result = gpuval(
         ["finetune", "eval", "--config", str(CONFIG), "--set", f"output={tmp_path / 'nothing'}"], tmp_path
@@ -140,11 +142,11 @@ def test_eval_without_an_adapter_is_one_line_and_exit_2(tmp_path, gpuval):
 
 
 def test_more_local_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
-    from gpuval import cli
+    from gpuval.launch import check_gpus_for
 
     # No GPU exists here: the two answers the check reads are what a 2-GPU machine gives.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    cli._check_gpus_for(2)
+    check_gpus_for(2)
     with pytest.raises(UsageError, match=r"--nproc 4 asks for more ranks than the 2 GPU\(s\) visible"):
-        cli._check_gpus_for(4)
+        check_gpus_for(4)

@@ -18,10 +18,12 @@ import yaml  # noqa: E402
 from conftest import cli_env  # noqa: E402
 
 from gpuval.errors import UsageError  # noqa: E402
+from gpuval.finetune.checkpoint import latest_checkpoint  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.optim import lr_factor  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
-from gpuval.finetune.trainer import latest_checkpoint, lr_factor, train  # noqa: E402
+from gpuval.finetune.trainer import train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +78,7 @@ def test_lr_schedule_warms_up_linearly_then_decays_by_cosine_to_zero():
     assert lr_factor(12, 4, 12) == pytest.approx(0.0)
 
 
+@pytest.mark.slow
 def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp_path):
     from peft import PeftModel
 
@@ -97,6 +100,7 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):
     settings: dict[str, object] = {"max_steps": 8, "save_every_steps": 2, "keep_last": 2}
     settings["parallel"] = parallel
@@ -121,6 +125,7 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+@pytest.mark.dist
 def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation(train_file, tmp_path):
     def run(program: list[str], accumulation: int, name: str, parallel: str = "ddp") -> tuple[list, dict]:
         config = tmp_path / f"{name}.yaml"
@@ -243,6 +248,7 @@ def test_an_infinite_lr_stops_at_the_first_step_whose_update_is_not_finite(runti
     )
 
 
+@pytest.mark.dist
 def test_two_ranks_diverging_both_stop_at_the_same_step_with_exit_3(train_file, tmp_path):
     """lr 1e30 (set past the config's bound of 1 by the worker) blows the weights up: the loss, reduced
     over the ranks, is the same number on both, so both raise at the same step and neither waits."""
@@ -362,6 +368,7 @@ def test_a_corrupt_or_planted_checkpoint_is_refused_naming_the_file_and_runs_no_
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_the_planted_pickle_is_live_and_the_cli_refuses_it_with_exit_2(checkpointed, tmp_path, gpuval):
     data, checkpoint = _copy_run(checkpointed, tmp_path)
     live = tmp_path / "live"

@@ -79,6 +79,7 @@ def test_one_node_has_nothing_to_compare():
 
 
 @pytest.mark.parametrize("odd_mount", [False, True])
+@pytest.mark.dist
 def test_shared_directory_token_seen_by_every_node(tmp_path, odd_mount):
     shared, odd = tmp_path / "shared", tmp_path / "node-b-local"
     shared.mkdir()

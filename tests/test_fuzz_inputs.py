@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import gpuval.cli as cli  # noqa: E402
+import gpuval.launch as launch  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 
 FUZZ = settings(
@@ -115,7 +116,7 @@ def _command() -> Any:
 @pytest.fixture
 def stub_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """Everything up to the work runs (reading, validating, checking output paths); the work does not."""
-    monkeypatch.setattr(cli, "_distributed", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(launch, "run_distributed", lambda *args, **kwargs: 0)
     monkeypatch.setattr(cli, "app", _CachedApp(_command()))  # typer builds the click command per call
     for key in list(os.environ):
         if key in ("RANK", "WORLD_SIZE", "LOCAL_RANK") or key.startswith(("SLURM_", "TORCHELASTIC_")):
@@ -515,7 +516,7 @@ class _NoParallel:
 )
 def test_fuzz_checkpoint_folders(names, as_file, state, tmp_path):
     tmp_path = case_dir(tmp_path)
-    from gpuval.finetune.trainer import load_checkpoint, resume_checkpoint
+    from gpuval.finetune.checkpoint import load_checkpoint, resume_checkpoint
 
     root = tmp_path / "checkpoints"
     root.mkdir()
@@ -544,6 +545,7 @@ def _child(args: list[str], cwd: Path, **env: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_child_process_refusals(tmp_path):
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)

@@ -980,6 +980,7 @@ def fake_node(root: Path, recording: str = "h100x1", init_error: str | None = No
     return cli_env(**extra, **({"GPUVAL_TEST_NVML_INIT_ERROR": init_error} if init_error else {}))
 
 
+@pytest.mark.slow
 def test_cli_on_a_node_whose_driver_is_not_loaded_fails_quickly_and_never_benchmarks_the_cpu(
     gpuval, tmp_path
 ):
@@ -1018,6 +1019,7 @@ def torch_version() -> str:
     return torch.__version__
 
 
+@pytest.mark.slow
 def test_cli_accept_where_nvml_sees_a_gpu_cuda_cannot_use_runs_no_benchmark(gpuval, tmp_path):
     """NVML answers for the recorded H100 while CUDA here cannot run: one rank, no benchmark on the CPU in
     its place, the checks SKIP naming cuda.visible, and the verdict is not PASS."""
@@ -1049,6 +1051,7 @@ def test_cli_gpus_no_profile_knows_are_a_usage_error_naming_their_pci_ids(
     assert_usage_error(proc, "no built-in profile matches their PCI ids (8x 10de:2331)", "pass --profile")
 
 
+@pytest.mark.dist
 def test_health_under_torchrun_gathers_every_rank(tmp_path):
     from conftest import cli_env, run_cli
 

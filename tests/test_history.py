@@ -93,6 +93,7 @@ def test_runs_and_trends_read_back_what_was_recorded(tmp_path):
     assert "all_reduce.busbw_gbps" in names and "expect.gpu_count" not in names  # no direction: not kept
 
 
+@pytest.mark.slow
 def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval, write_profile):
     """Real accept runs on this CPU (matmul only, to stay quick). The first run's stored values are
     multiplied by ten (a faster past), so the second, ordinary run is 90% below the node's median: beyond
@@ -131,6 +132,7 @@ def test_history_command_without_a_database_is_a_one_line_error(tmp_path, gpuval
     ]
 
 
+@pytest.mark.slow
 def test_a_history_that_cannot_be_written_stops_accept_before_any_work(tmp_path, gpuval):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")

@@ -111,6 +111,7 @@ def _no_pass_result(results: Path) -> None:
 
 
 @pytest.mark.parametrize("hang", ["stop", "sleep"])
+@pytest.mark.dist
 def test_a_hung_rank_ends_a_self_launched_run_with_exit_3(tmp_path, hang):
     """`kill -STOP` on a rank (or a rank blocked for ever): rank 0's collective times out, and the
     launcher stops the hung rank a grace period later instead of waiting for ever."""
@@ -143,6 +144,7 @@ def test_a_hung_rank_ends_a_self_launched_run_with_exit_3(tmp_path, hang):
     assert not list((tmp_path / "tmp").glob("gpuval-exit-*"))
 
 
+@pytest.mark.dist
 def test_killing_the_launcher_takes_its_workers_with_it(tmp_path):
     results = tmp_path / "results"
     proc = _start(
@@ -161,6 +163,7 @@ def test_killing_the_launcher_takes_its_workers_with_it(tmp_path):
 
 
 @pytest.mark.parametrize(("sig", "expected"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.dist
 def test_a_signal_to_the_launcher_stops_every_rank_with_one_line(tmp_path, sig, expected):
     results = tmp_path / "results"
     proc = _start(
@@ -207,6 +210,7 @@ def _tiny_training(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.dist
 def test_a_second_trainer_on_the_same_output_is_refused(tmp_path):
     pytest.importorskip("peft")
     config = _tiny_training(tmp_path)
@@ -247,6 +251,7 @@ def test_a_second_trainer_on_the_same_output_is_refused(tmp_path):
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a lock outlived its trainer
 
 
+@pytest.mark.dist
 def test_under_external_torchrun_a_failing_rank_still_prints_its_line(tmp_path):
     """Not gpuval's launcher: torchrun ends the run; rank 0 still says in one line what went wrong."""
     killhook = Path(__file__).parent / "dist" / "killhook"
@@ -321,3 +326,32 @@ def test_a_signal_that_a_library_turns_into_its_own_error_still_ends_in_one_line
     assert ended.value.code == 143
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["gpuval: interrupted (SIGTERM)"], err
+
+
+def test_a_signal_inside_an_import_ends_in_one_line_without_unwinding_through_it(tmp_path):
+    """SIGTERM while a module is being imported: raising there may cross C++ (torch's extension init calls
+    back into Python, and pybind11 aborts the process on an exception it cannot pass on). The run ends in
+    one line with 143, and the code after the signal never runs."""
+    (tmp_path / "slow_import.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(2)\n"
+        # what a C++ frame between the handler and the importer does: the exception does not pass through
+        "except BaseException:\n"
+        "    pass\n"
+        "print('the import went on after the signal')\n"
+    )
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from gpuval import cli\n"
+        "cli.app = lambda **kwargs: __import__('slow_import')\n"
+        "sys.argv = ['gpuval', 'finetune', 'train']\n"
+        "cli.main()\n"
+    )
+    env = {k: v for k, v in cli_env().items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == ["gpuval: interrupted (SIGTERM)"], done.stderr
+    assert "went on" not in done.stdout

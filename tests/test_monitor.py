@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import urllib.request
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,8 @@ from gpuval.errors import UsageError
 from gpuval.monitor import run_monitor
 from gpuval.monitor.dashboard import render
 from gpuval.monitor.exporter import GPU_LABELS, parse_address, serve
-from gpuval.monitor.sample import Reading, Sampler, cpu_percent, cpu_times
-from gpuval.nvml import Nvml, Unavailable
+from gpuval.monitor.sample import GpuReading, Reading, Sampler, cpu_percent, cpu_times
+from gpuval.nvml import GpuInfo, Nvml, Unavailable, gpu_fields, snapshot
 
 
 def _nvml_missing() -> bool:
@@ -167,7 +168,7 @@ def test_h200x4_recording_gives_four_gpu_rows_with_the_recorded_values(root):
             memory["total"],
         )
         assert gpu.temperature_c == answers["nvmlDeviceGetTemperature(gpu)"]
-        assert gpu.power_w == pytest.approx(answers["nvmlDeviceGetPowerUsage"] / 1000)  # NVML: mW
+        assert gpu.power_usage_w == pytest.approx(answers["nvmlDeviceGetPowerUsage"] / 1000)  # NVML: mW
         assert gpu.power_limit_w == pytest.approx(answers["nvmlDeviceGetEnforcedPowerLimit"] / 1000) == 700
         assert gpu.sm_clock_mhz == answers["nvmlDeviceGetClockInfo(sm)"] == 1980
         assert gpu.clock_event_reasons == 0 and gpu.clock_reasons() == []
@@ -175,6 +176,21 @@ def test_h200x4_recording_gives_four_gpu_rows_with_the_recorded_values(root):
         assert gpu.pcie_tx_bytes_per_s == Unavailable("NVMLError_NotSupported: Not Supported")
         assert gpu.nvlink_rx_bytes_per_s == Unavailable("NVMLError_NotSupported: Not Supported")
     assert [gpu.temperature_c for gpu in reading.gpus] == [41, 43, 42, 41]
+
+
+def test_the_monitor_and_the_snapshot_read_their_shared_fields_alike_under_one_name(root):
+    """Both take the fields they share from gpuval.nvml.gpu_fields: the same names and the same values,
+    power included (power_usage_w in the snapshot, in the monitor's JSON and behind the exporter)."""
+    recording = load("h200x4")
+    reading = reading_of(recording, root)
+    snap = snapshot(ReplayNvml(recording))
+    shared = set(gpu_fields(Nvml(ReplayNvml(recording)), 0))
+    assert {"power_usage_w", "memory_used_bytes", "clock_event_reasons"} <= shared
+    assert shared <= {f.name for f in fields(GpuReading)} and shared <= {f.name for f in fields(GpuInfo)}
+    for gpu, info in zip(reading.gpus, snap.gpus, strict=True):
+        assert {name: getattr(gpu, name) for name in shared} == {name: getattr(info, name) for name in shared}
+    as_json = reading.to_json()["gpus"][0]
+    assert as_json["power_usage_w"] == snap.gpus[0].to_json()["power_usage_w"] and "power_w" not in as_json
 
 
 def test_rates_from_two_readings_equal_hand_computed_values(tmp_path):
@@ -542,6 +558,7 @@ def _start_monitor(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_exporter_serves_while_json_lines_stream(tmp_path):
     streaming = ("--json", "--count", "15", "--interval", "0.2")
     proc = _start_monitor(tmp_path, *streaming, "--prometheus", "127.0.0.1:0")

@@ -20,7 +20,7 @@ from gpuval.report.html import render_html
 from gpuval.results import load_result
 
 REPO = Path(__file__).resolve().parents[1]
-H200X4 = REPO / "benchmarks" / "results" / "h200x4-2026-11-22" / "accept-standard.json"
+H200X4 = REPO / "benchmarks" / "results" / "2026-11-22-h200x4-device-run" / "accept-standard.json"
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +125,7 @@ def accept_cpu_report(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("which", ["h200x4", "cpu"])
+@pytest.mark.browser
 def test_report_renders_in_headless_chromium_without_console_errors(which, tmp_path, accept_cpu_report):
     if which == "h200x4":
         page = tmp_path / "report.html"

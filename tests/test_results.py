@@ -16,7 +16,9 @@ from gpuval.atomic import ensure_writable_dir, write_text_atomic
 from gpuval.errors import EXIT_USAGE, UsageError
 from gpuval.report.junit import junit_xml, write_junit
 from gpuval.results import (
+    BENCH_SCHEMA_ID,
     SCHEMA_ID,
+    BenchDocument,
     Check,
     Measurement,
     Result,
@@ -184,6 +186,75 @@ def test_shipped_schema_file_equals_the_model():
 
 def test_shipped_schema_is_a_valid_json_schema():
     jsonschema.Draft202012Validator.check_schema(json_schema())
+
+
+# --- gpuval.bench/v1: the document `gpuval bench --output` writes ------------------------------------
+
+
+def _bench_document(**changes: object) -> dict:
+    document = {
+        "schema": BENCH_SCHEMA_ID,
+        "benchmark": "membw",
+        "started_at": "2025-01-01T00:00:00+00:00",
+        "duration_s": 1.5,
+        "world": {"size": 2, "nodes": 1, "backend": "nccl"},
+        "status": "OK",
+        "detail": "",
+        "options": {"repeats": 10},
+        "command": ["gpuval", "bench", "membw"],
+        "inventory": {"nodes": [{"host": {"hostname": "node1"}}]},
+        "measurements": [
+            {
+                "name": "membw",
+                "scope": "gpu:node1/0",
+                "params": {},
+                "metrics": {"copy_tbps": 3.1},
+                "samples": 10,
+            }
+        ],
+    }
+    document.update(changes)
+    return document
+
+
+def test_shipped_bench_schema_file_equals_the_model():
+    # If this fails, regenerate src/gpuval/schema/bench.v1.json from generated_schema("bench").
+    assert json_schema("bench") == generated_schema("bench")
+    assert json_schema("bench")["$id"] == BENCH_SCHEMA_ID == "gpuval.bench/v1"
+    jsonschema.Draft202012Validator.check_schema(json_schema("bench"))
+
+
+def test_bench_document_round_trips_with_its_fields_in_their_order():
+    document = _bench_document()
+    jsonschema.validate(document, json_schema("bench"))
+    written = BenchDocument.model_validate(document).to_json()
+    assert json.loads(written) == document
+    assert list(json.loads(written)) == list(document)
+
+
+def test_bench_document_of_earlier_versions_without_inventory_still_validates():
+    document = _bench_document()
+    del document["inventory"]
+    jsonschema.validate(document, json_schema("bench"))
+    assert BenchDocument.model_validate(document).inventory.nodes == []
+
+
+def test_bench_document_writes_nan_as_null_and_still_validates():
+    document = _bench_document()
+    document["measurements"][0]["metrics"]["copy_tbps"] = math.nan
+    written = json.loads(BenchDocument.model_validate(document).to_json())
+    assert written["measurements"][0]["metrics"]["copy_tbps"] is None
+    jsonschema.validate(written, json_schema("bench"))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"status": "PASS"}, {"world": {"size": 1}, "extra": 1}, {"duration_s": "slow"}, {"measurements": [{}]}],
+    ids=["status", "extra-key", "duration", "measurement"],
+)
+def test_bench_schema_rejects_malformed_documents(changes):
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_bench_document(**changes), json_schema("bench"))
 
 
 # --- atomic writes --------------------------------------------------------------------------------

@@ -255,6 +255,7 @@ def test_killhook_inert_without_matching_rank(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
+@pytest.mark.dist
 def test_dead_rank_bench(tmp_path, tmp_path_factory):
     out = tmp_path / "bench.json"
     temp = tmp_path_factory.mktemp("tmpdir")
@@ -288,6 +289,7 @@ def test_dead_rank_bench(tmp_path, tmp_path_factory):
     assert not list(temp.glob("gpuval-exit-*"))
 
 
+@pytest.mark.dist
 def test_dead_rank_accept(tmp_path):
     profile = tmp_path / "tiny.yaml"
     profile.write_text(
@@ -372,6 +374,7 @@ def test_leave_process_keeps_the_output_and_the_exit_code(had_peers, expected_at
     )
 
 
+@pytest.mark.dist
 def test_local_turns_let_one_rank_per_node_work_at_a_time(tmp_path):
     """Host<->device copies take turns per node (runtime.local_turns): within a node the working spans
     never overlap; the two nodes' ranks of the same turn work at the same time."""

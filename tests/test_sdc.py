@@ -59,6 +59,7 @@ def test_models_are_compared_only_with_their_own_kind():
 
 
 @pytest.mark.parametrize(("bad", "expected_fail"), [(-1, set()), (2, {"cpu"})])
+@pytest.mark.dist
 def test_three_real_ranks_find_the_corrupting_one(tmp_path, bad, expected_fail):
     out = tmp_path / "sdc.json"
     run_dist_worker("sdc_worker.py", str(bad), str(out), nproc=3, cwd=tmp_path)

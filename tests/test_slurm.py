@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM = REPO / "deploy" / "slurm"
 CLUSTER = SLURM / "local-cluster.sh"
 
+pytestmark = pytest.mark.slurm  # every test here runs jobs on the real cluster (slow, by conftest)
+
 
 def _missing() -> str | None:
     if os.geteuid() != 0:

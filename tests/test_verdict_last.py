@@ -64,6 +64,7 @@ def _unprivileged() -> list[str]:
 
 
 @pytest.mark.parametrize("nproc", ["1", "2"])
+@pytest.mark.dist
 def test_rank_0_killed_while_writing_reports_leaves_no_verdict(nproc, profile, tmp_path):
     """SIGKILL to rank 0 (the only process with --nproc 1) while it renders report.html: no result.json at
     all, not even the PASS an earlier run left in the same folder; the reports before it are there."""
@@ -112,6 +113,7 @@ def test_a_report_that_cannot_be_written_makes_the_verdict_error(command, profil
     assert "report.write" in (out / "junit.xml").read_text()
 
 
+@pytest.mark.slow
 def test_a_history_that_fails_after_the_verdict_makes_it_error_in_every_report(profile, tmp_path):
     """Work done and judged PASS, then the history write fails: exit 3, and result.json and junit.xml
     say ERROR and why; no PASS anywhere, no traceback."""
@@ -159,6 +161,7 @@ def _not_sqlite(tmp_path: Path) -> tuple[Path, str]:
 
 
 @pytest.mark.parametrize("make", [_readonly_file, _readonly_folder, _new_in_readonly_folder, _not_sqlite])
+@pytest.mark.slow
 def test_a_history_that_cannot_record_the_run_is_refused_before_any_rank(
     make, profile, tmp_path, assert_usage_error
 ):
@@ -182,6 +185,7 @@ def test_the_history_probe_leaves_a_writable_database_as_it_was(tmp_path):
         assert handle.execute("SELECT COUNT(*) FROM runs").fetchone() == (0,)  # the probe row rolled back
 
 
+@pytest.mark.slow
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_rank(
     profile, tmp_path, assert_usage_error
 ):

@@ -16,14 +16,7 @@ from gpuval.bench.run import Outcome, run_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
-from gpuval.results import Check, Result, Status, verdict
-
-
-def node_of(scope: str) -> str | None:
-    """'gpu:node1/3' -> 'node1'; 'node:node1' -> 'node1'; 'cluster' -> None."""
-    if ":" not in scope:
-        return None
-    return scope.split(":", 1)[1].split("/", 1)[0]
+from gpuval.results import Check, Result, Status, node_of, verdict
 
 
 def failed_nodes(checks: list[Check]) -> dict[str, str]:
@@ -165,8 +158,9 @@ def run_accept(
 ) -> Result | None:
     """Run on every rank; returns the Result on rank 0 (None elsewhere).
 
-    Health runs first. When a node fails it, the collectives (which would run through that node) are not
-    run, and the other benchmarks' checks on that node are SKIP with the reason; the verdict is FAIL.
+    Health runs first. When a node fails it, the benchmarks that cross nodes (the collectives, which
+    would run through that node) are not run, and the other benchmarks' checks on that node are SKIP
+    with the reason; the verdict is FAIL.
     When a rank runs on the CPU of a node whose GPUs CUDA cannot use (or the profile expects GPUs), or
     another program holds a node's GPUs (processes.foreign FAIL), no benchmark runs at all: every
     benchmark check is SKIP naming why, and the verdict is health's FAIL.
@@ -194,14 +188,16 @@ def run_accept(
         for name in plan:
             progress(name, "skipped: another program is on the GPUs")
         plan = {}
-    if failed and "collectives" in plan:
+    crossing = [name for name in plan if all_benchmarks()[name].crosses_nodes] if failed else []
+    if crossing:
         listed = "; ".join(f"{node}: {reason}" for node, reason in sorted(failed.items()))
-        not_run["collectives"] = (
-            Status.SKIP,
-            f"not run: collectives would cross node(s) that failed health ({listed})",
-        )
-        plan = {name: options for name, options in plan.items() if name != "collectives"}
-        progress("collectives", "skipped: a node failed health")
+        for name in crossing:
+            not_run[name] = (
+                Status.SKIP,
+                f"not run: {name} would cross node(s) that failed health ({listed})",
+            )
+            progress(name, "skipped: a node failed health")
+        plan = {name: options for name, options in plan.items() if name not in crossing}
     outcome = run_benchmarks(runtime, plan, quick, progress)
     outcome.not_run.update(not_run)
     if not runtime.is_main:

@@ -1,5 +1,8 @@
 """Measurements held against a profile's thresholds, plus the checks every run makes on its own:
 exact collective results, and the slowest GPU or link against the median of its peers.
+
+Units and hints come from the metric declarations (gpuval.metrics); the '.correct' check's metric is
+declared here, the derived 'outliers' measurement in gpuval.metrics.
 """
 
 from __future__ import annotations
@@ -8,27 +11,15 @@ import math
 import statistics
 from collections import defaultdict
 
+from gpuval import metrics
 from gpuval.config import Profile, Threshold
+from gpuval.metrics import Metric
 from gpuval.results import Check, Measurement, Status
 from gpuval.units import format_bytes
 
-_UNITS = (
-    ("_gbps", "GB/s"),
-    ("_tbps", "TB/s"),
-    ("_tflops", "TFLOP/s"),
-    ("_pct", "%"),
-    ("_us", "us"),
-    ("_s", "s"),
-    ("_gib", "GiB"),
-    ("_count", ""),
-)
-
-
-def unit_of(metric: str) -> str:
-    for suffix, unit in _UNITS:
-        if metric.endswith(suffix):
-            return unit
-    return ""
+# The '<measurement>.correct' check: wrong elements summed over a measurement's sizes. A check of its own,
+# judged exactly (any is a FAIL), so neither compared nor drift-checked.
+CORRECT = Metric("correct", "elements", -1, compared=False, description="wrong elements over all sizes")
 
 
 def gap_to_median_pct(values: list[float]) -> float:
@@ -79,24 +70,6 @@ def outlier_measurements(
     return derived
 
 
-# What to look at when a measurement misses its bound, by measurement (and metric where it matters).
-_HINTS = {
-    "matmul": "check clocks, power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER)",
-    "membw": "check memory clocks and ECC / row-remapping state (nvidia-smi -q -d MEMORY,ECC,ROW_REMAPPER)",
-    "membw.h2d_gbps": "check the PCIe link (nvidia-smi -q -d PCI: generation and width) and NUMA binding",
-    "membw.d2h_gbps": "check the PCIe link (nvidia-smi -q -d PCI: generation and width) and NUMA binding",
-    "p2p": "check this GPU pair's NVLinks (nvidia-smi nvlink -s, -e) and peer access",
-    "collective": "check NVLink/InfiniBand state and errors (nvidia-smi nvlink -e, ibstat), topology "
-    "(nvidia-smi topo -m) and NCCL_* settings; --set benchmarks.collectives.scope=node finds the node",
-}
-_COLLECTIVES = {"all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}
-
-
-def hint_for(name: str, metric: str) -> str:
-    key = "collective" if name in _COLLECTIVES else name
-    return _HINTS.get(f"{name}.{metric}") or _HINTS.get(key, "compare with the node's earlier runs")
-
-
 def _describe_bound(threshold: Threshold) -> str:
     parts = []
     if threshold.min is not None:
@@ -108,7 +81,7 @@ def _describe_bound(threshold: Threshold) -> str:
 
 def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshold) -> Check:
     value = measurement.metrics.get(metric)
-    unit = unit_of(metric)
+    unit = metrics.unit(measurement.name, metric)
     bound = threshold.model_dump(exclude_none=True, exclude={"level"})
     where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
     if value is None or math.isnan(value):
@@ -128,14 +101,14 @@ def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshol
         status = Status.WARN if threshold.level == "warn" else Status.FAIL
         detail = (
             f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(threshold)}: "
-            f"{hint_for(measurement.name, metric)}"
+            f"{metrics.hint(measurement.name, metric)}"
         )
         if measurement.name == "outliers":
             detail = (
                 f"{measurement.params['slowest']} is {value:.1f}% below the median "
                 f"{measurement.params['metric']} ({measurement.params['slowest_value']:.4g} vs "
                 f"{measurement.params['median']:.4g}): "
-                f"{hint_for(measurement.params['benchmark'], measurement.params['metric'])}"
+                f"{metrics.hint(measurement.params['benchmark'], measurement.params['metric'])}"
             )
     return Check(
         name=name,
@@ -172,35 +145,25 @@ def threshold_checks(
             checks.extend(_judge(name, m, metric, threshold) for m in matches)
             continue
         source = producers.get(target)
-        bound = threshold.model_dump(exclude_none=True, exclude={"level"})
+        where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
+        status, detail = (
+            Status.ERROR,
+            f"no '{target}' measurement with metric '{metric}'{where}: its benchmark did not measure it; "
+            "fix the check name or the benchmark options",
+        )
         if target == "outliers" and metric.endswith("_pct"):
             source = metric[: -len("_pct")]
             if source not in not_run:
-                checks.append(
-                    Check(
-                        name=name,
-                        status=Status.SKIP,
-                        threshold=bound,
-                        unit="%",
-                        detail="fewer than two GPUs or links measured: nothing to compare",
-                    )
-                )
-                continue
+                status, detail = Status.SKIP, "fewer than two GPUs or links measured: nothing to compare"
         if source in not_run:
-            status, reason = not_run[source]
-            checks.append(
-                Check(name=name, status=status, threshold=bound, unit=unit_of(metric), detail=reason)
-            )
-            continue
-        where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
+            status, detail = not_run[source]
         checks.append(
             Check(
                 name=name,
-                status=Status.ERROR,
-                threshold=bound,
-                unit=unit_of(metric),
-                detail=f"no '{target}' measurement with metric '{metric}'{where}: its benchmark did not "
-                f"measure it; fix the check name or the benchmark options",
+                status=status,
+                threshold=threshold.model_dump(exclude_none=True, exclude={"level"}),
+                unit=metrics.unit(target, metric),
+                detail=detail,
             )
         )
     return checks
@@ -217,10 +180,10 @@ def correctness_checks(measurements: list[Measurement]) -> list[Check]:
         if any(m.metrics["wrong_elements"] is None for m in items):
             checks.append(
                 Check(
-                    name=f"{name}.correct",
+                    name=f"{name}.{CORRECT.key}",
                     status=Status.ERROR,
                     threshold={"max": 0},
-                    unit="elements",
+                    unit=CORRECT.unit,
                     scope=scope,
                     detail="the result check produced no count: correctness unknown, rerun",
                 )
@@ -238,11 +201,11 @@ def correctness_checks(measurements: list[Measurement]) -> list[Check]:
             detail = f"exact at all {len(items)} sizes"
         checks.append(
             Check(
-                name=f"{name}.correct",
+                name=f"{name}.{CORRECT.key}",
                 status=Status.FAIL if bad else Status.PASS,
                 value=wrong,
                 threshold={"max": 0},
-                unit="elements",
+                unit=CORRECT.unit,
                 scope=scope,
                 detail=detail,
             )

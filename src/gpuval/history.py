@@ -5,7 +5,8 @@ a link or a node belongs to that node; a cluster check (a collective) belongs to
 ran it ("n1+n2"). A run's drift checks compare each judged value with the median of the same check on the
 same node(s), same profile, over the last `history.window` runs that did not end in ERROR: worse by more
 than `history.tolerance_pct` is a WARN (a FAIL where `history.fail` is set) named `drift.<check>`.
-Whether worse means lower or higher comes from the metric's unit (gpuval.report.compare.direction).
+Which checks are kept, and whether worse means lower or higher, comes from the judged metric's
+declaration (gpuval.metrics): a check of an undeclared or uncompared metric is not kept.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuval import metrics
 from gpuval.errors import UsageError
-from gpuval.report.compare import direction
-from gpuval.results import Check, Result, Status
+from gpuval.results import Check, Result, Status, node_of
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -83,8 +84,6 @@ def open_history(path: Path) -> None:
 
 def _owner(scope: str, group: str) -> str:
     """The node a check belongs to: 'gpu:n1/3' -> 'n1', 'cluster' -> the run's node group."""
-    from gpuval.accept import node_of
-
     return node_of(scope) or group
 
 
@@ -102,11 +101,14 @@ def _judged(result: Result) -> list[Check]:
     return [
         c
         for c in result.checks
-        if c.value is not None
-        and "." in c.name
-        and not c.name.startswith("drift.")
-        and direction(c.name.split(".", 1)[1]) != 0
+        if c.value is not None and not c.name.startswith("drift.") and _direction(c.name) != 0
     ]
+
+
+def _direction(check_name: str) -> int:
+    """+1 when a higher value of the metric this check judges is better, -1 when lower, 0: not kept."""
+    judged = metrics.of_check(check_name)
+    return judged.direction if judged else 0
 
 
 def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
@@ -129,7 +131,7 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
             median = statistics.median(value for (value,) in rows)
             if median == 0:
                 continue
-            sign = direction(check.name.split(".", 1)[1])  # +1: higher is better
+            sign = _direction(check.name)  # +1: higher is better
             worse_pct = (check.value - median) / abs(median) * 100 * -sign
             if worse_pct <= settings.tolerance_pct:
                 continue

@@ -9,6 +9,9 @@ Process lifecycle (issue 19): every worker registers its pid in the exit folder 
 launcher (PR_SET_PDEATHSIG); a watchdog thread in the launcher stops ranks that are still running a grace
 period after another rank ended (a hung or stopped rank would otherwise keep the agent waiting for ever);
 SIGINT/SIGTERM to the launcher stop every worker and end the run as `Interrupted` (exit 130/143).
+
+`run_distributed` is what every command that runs ranks calls: it picks the number of local ranks
+(`default_nproc`), refuses more ranks than GPUs, and either runs the work here or relaunches under the agent.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from gpuval.errors import EXIT_ERROR, Interrupted, RunError
+from gpuval.errors import EXIT_ERROR, GpuvalError, Interrupted, RunError, UsageError
 
 EXIT_DIR_VARIABLE = "GPUVAL_EXIT_DIR"
 LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
@@ -307,3 +311,67 @@ def report_exit(code: int) -> int:
     rank = os.environ.get("RANK", "0")
     (Path(exit_dir) / rank).write_text(str(code))
     return 0
+
+
+def on_gpu() -> bool:
+    """CUDA can use a GPU here (torch imported only when a command needs to know)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def default_nproc(gpus_expected: bool = False, cpu_ranks: int = 2) -> int:
+    """One rank per GPU CUDA can use; `cpu_ranks` CPU ranks on a machine without NVIDIA GPUs; one rank where
+    the PCI bus or NVML show GPUs that CUDA cannot use, or the profile expects some (health says why, and no
+    benchmark runs on the CPU in their place). The fine-tune asks for one CPU rank: ranks there would share
+    the machine's few cores."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    if cpu_ranks <= 1:
+        return 1
+    from gpuval.discover.gpus import gpus_here
+
+    return 1 if gpus_expected or gpus_here() else cpu_ranks
+
+
+def check_gpus_for(ranks: int) -> None:
+    """More local ranks than GPUs would put two ranks on one GPU (NCCL refuses): say so before starting."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible and ranks > visible:
+        raise UsageError(
+            f"--nproc {ranks} asks for more ranks than the {visible} GPU(s) visible here; "
+            f"use --nproc {visible} or fewer (one rank per GPU)"
+        )
+
+
+def run_distributed(
+    nproc: int | None,
+    work: Callable[[], int],
+    extra_argv: tuple[str, ...] = (),
+    gpus_expected: bool = False,
+    timeout_s: float = 300.0,
+) -> int:
+    """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
+
+    `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same;
+    `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them); `timeout_s`: the
+    collective timeout, which also bounds how long the launcher waits for a rank that outlives the others.
+    """
+    from gpuval.runtime import launcher_env
+
+    ranks = nproc if nproc is not None else default_nproc(gpus_expected)
+    if launcher_env() == "single" and ranks > 1:
+        check_gpus_for(ranks)
+        return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s)
+    try:
+        code = work()
+    except GpuvalError as exc:
+        # a rank's error is said once, by rank 0, in the one-line form main() uses; the others only exit
+        if os.environ.get("RANK", "0") == "0":
+            print(f"gpuval: {exc}", file=sys.stderr, flush=True)
+        code = exc.exit_code
+    return report_exit(code)

@@ -4,6 +4,10 @@ A query that fails (no driver, a field the GPU does not support, a GPU that fell
 `Unavailable` sentinel carrying the reason, after nvitop: one broken field never kills a run, and every
 consumer can still say why a value is missing. Units live in field names.
 
+The fields that `gpuval monitor` reads too come from `gpu_fields`: one read and one name per quantity
+(power is `power_usage_w` wherever gpuval reports it). The XID event wait (health/xid.py) and the GPU
+name lookup (discover/gpus.py) go through `Nvml` as well: no other module calls pynvml.
+
 `library` is the `pynvml` module by default; tests pass an object with the same functions that replays
 answers recorded on real machines (tests/data/nvml/).
 """
@@ -33,12 +37,14 @@ NVLINK_REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 255: "unknown"}
 
 
 class Unavailable:
-    """A value NVML could not give; falsy, printed as N/A, with the reason kept."""
+    """A value NVML could not give; falsy, printed as N/A, with the reason kept. `error`: the class name of
+    the NVML exception behind it (`NVMLError_Timeout`, ...), where there was one."""
 
-    __slots__ = ("reason",)
+    __slots__ = ("error", "reason")
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, error: str | None = None) -> None:
         self.reason = reason
+        self.error = error
 
     def __bool__(self) -> bool:
         return False
@@ -67,6 +73,42 @@ def _text(value: Any) -> Any:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def clock_reason_names(mask: Any) -> list[str]:
+    """Names of the active clock event reasons; a bit nvml.h did not name when written shows in hex."""
+    if not isinstance(mask, int):
+        return []
+    names = [label for bit, label in CLOCK_REASONS.items() if mask & bit]
+    unnamed = mask & ~sum(CLOCK_REASONS)
+    return [*names, f"{unnamed:#x}"] if unnamed else names
+
+
+class GpuRecord:
+    """What the snapshot's GpuInfo and the monitor's GpuReading share: the fields read by `gpu_fields`,
+    under the same names, and one JSON form (Unavailable becomes null, its reason goes to 'unavailable')."""
+
+    clock_event_reasons: Any
+
+    def clock_reasons(self) -> list[str]:
+        return clock_reason_names(self.clock_event_reasons)
+
+    def _plain(self, name: str, value: Any) -> Any:
+        return value
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        missing: dict[str, str] = {}
+        for item in fields(self):  # every subclass is a dataclass
+            value = getattr(self, item.name)
+            if isinstance(value, Unavailable):
+                out[item.name] = None
+                missing[item.name] = value.reason
+            else:
+                out[item.name] = self._plain(item.name, value)
+        out["clock_reasons"] = self.clock_reasons()
+        out["unavailable"] = missing
+        return out
+
+
 @dataclass
 class NvLink:
     index: int
@@ -80,7 +122,7 @@ class NvLink:
 
 
 @dataclass
-class GpuInfo:
+class GpuInfo(GpuRecord):
     index: int
     name: Any = None
     uuid: Any = None
@@ -89,6 +131,7 @@ class GpuInfo:
     vbios_version: Any = None
     memory_total_bytes: Any = None
     memory_used_bytes: Any = None
+    memory_free_bytes: Any = None
     compute_capability: Any = None
     mig_mode_current: Any = None
     persistence_mode: Any = None
@@ -127,32 +170,15 @@ class GpuInfo:
     # other GPU index -> nvidia-smi topo label: "NV18", "PIX", "PHB", "SYS", ...
     topology: dict[int, str] = field(default_factory=dict)
 
-    def clock_reasons(self) -> list[str]:
-        if not isinstance(self.clock_event_reasons, int):
-            return []
-        return [label for bit, label in CLOCK_REASONS.items() if self.clock_event_reasons & bit]
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON: Unavailable becomes null, and its reason goes to 'unavailable'."""
-        out: dict[str, Any] = {}
-        missing: dict[str, str] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
-            if isinstance(value, Unavailable):
-                out[item.name] = None
-                missing[item.name] = value.reason
-            elif item.name == "nvlinks":
-                out["nvlinks"] = [
-                    {k: (None if isinstance(v, Unavailable) else v) for k, v in vars(link).items()}
-                    for link in value
-                ]
-            elif item.name == "topology":
-                out["topology"] = {str(k): v for k, v in value.items()}
-            else:
-                out[item.name] = value
-        out["clock_reasons"] = self.clock_reasons()
-        out["unavailable"] = missing
-        return out
+    def _plain(self, name: str, value: Any) -> Any:
+        if name == "nvlinks":
+            return [
+                {k: (None if isinstance(v, Unavailable) else v) for k, v in vars(link).items()}
+                for link in value
+            ]
+        if name == "topology":
+            return {str(k): v for k, v in value.items()}
+        return value
 
 
 @dataclass
@@ -209,7 +235,15 @@ class Nvml:
         try:
             return _text(method(*args))
         except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported, GpuIsLost, ...
-            return Unavailable(reason_of(exc))
+            return Unavailable(reason_of(exc), type(exc).__name__)
+
+    def handles(self) -> list[Any] | Unavailable:
+        """A handle per GPU index (Unavailable, with why, for a GPU NVML cannot reach), or Unavailable when
+        NVML cannot count the GPUs (no driver included)."""
+        count = self("nvmlDeviceGetCount")
+        if not available(count):
+            return count
+        return [self("nvmlDeviceGetHandleByIndex", index) for index in range(count)]
 
     def constant(self, name: str, default: int) -> int:
         return getattr(self.lib, name, default) if self.lib is not None else default
@@ -229,17 +263,34 @@ def first_available(*values: Any) -> Any:
     return values[-1]
 
 
+def gpu_fields(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """The fields both the snapshot (GpuInfo) and the monitor (GpuReading) read, each a value or
+    Unavailable, by the names both use: one read and one name per quantity."""
+    c = nvml.constant
+    memory = nvml("nvmlDeviceGetMemoryInfo", handle)
+    return {
+        "name": nvml("nvmlDeviceGetName", handle),
+        "uuid": nvml("nvmlDeviceGetUUID", handle),
+        "pci_bus_id": field_value(nvml("nvmlDeviceGetPciInfo", handle), "busId"),
+        "memory_total_bytes": field_value(memory, "total"),
+        "memory_used_bytes": field_value(memory, "used"),
+        "memory_free_bytes": field_value(memory, "free"),
+        "temperature_c": nvml("nvmlDeviceGetTemperature", handle, c("NVML_TEMPERATURE_GPU", 0)),
+        "power_usage_w": scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3),  # NVML: milliwatts
+        "power_limit_w": scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3),
+        "sm_clock_mhz": nvml("nvmlDeviceGetClockInfo", handle, c("NVML_CLOCK_SM", 1)),
+        "clock_event_reasons": first_available(
+            nvml("nvmlDeviceGetCurrentClocksEventReasons", handle),
+            nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
+        ),
+    }
+
+
 def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     c = nvml.constant
-    gpu = GpuInfo(index=index)
-    gpu.name = nvml("nvmlDeviceGetName", handle)
-    gpu.uuid = nvml("nvmlDeviceGetUUID", handle)
+    gpu = GpuInfo(index=index, **gpu_fields(nvml, handle))
     gpu.serial = nvml("nvmlDeviceGetSerial", handle)
-    gpu.pci_bus_id = field_value(nvml("nvmlDeviceGetPciInfo", handle), "busId")
     gpu.vbios_version = nvml("nvmlDeviceGetVbiosVersion", handle)
-    memory = nvml("nvmlDeviceGetMemoryInfo", handle)
-    gpu.memory_total_bytes = field_value(memory, "total")
-    gpu.memory_used_bytes = field_value(memory, "used")
     capability = nvml("nvmlDeviceGetCudaComputeCapability", handle)
     gpu.compute_capability = f"{capability[0]}.{capability[1]}" if available(capability) else capability
     mig = nvml("nvmlDeviceGetMigMode", handle)
@@ -275,24 +326,16 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
         setattr(gpu, attribute, len(pages) if available(pages) else pages)
     pending = nvml("nvmlDeviceGetRetiredPagesPendingStatus", handle)
     gpu.retired_pages_pending = bool(pending) if available(pending) else pending
-    gpu.power_limit_w = scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3)
     gpu.power_default_limit_w = scaled(nvml("nvmlDeviceGetPowerManagementDefaultLimit", handle), 1e-3)
-    gpu.power_usage_w = scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3)
     sm, mem = c("NVML_CLOCK_SM", 1), c("NVML_CLOCK_MEM", 2)
-    gpu.sm_clock_mhz = nvml("nvmlDeviceGetClockInfo", handle, sm)
     gpu.max_sm_clock_mhz = nvml("nvmlDeviceGetMaxClockInfo", handle, sm)
     gpu.mem_clock_mhz = nvml("nvmlDeviceGetClockInfo", handle, mem)
     gpu.max_mem_clock_mhz = nvml("nvmlDeviceGetMaxClockInfo", handle, mem)
-    gpu.temperature_c = nvml("nvmlDeviceGetTemperature", handle, c("NVML_TEMPERATURE_GPU", 0))
     gpu.temperature_slowdown_c = nvml(
         "nvmlDeviceGetTemperatureThreshold", handle, c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
     )
     gpu.temperature_shutdown_c = nvml(
         "nvmlDeviceGetTemperatureThreshold", handle, c("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN", 0)
-    )
-    gpu.clock_event_reasons = first_available(
-        nvml("nvmlDeviceGetCurrentClocksEventReasons", handle),
-        nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
     )
     gpu.pcie_gen_current = nvml("nvmlDeviceGetCurrPcieLinkGeneration", handle)
     # The link's maximum (GPU and slot together): a Gen5 GPU in a Gen4 slot is not a degraded link.
@@ -399,13 +442,12 @@ def snapshot(library: Any = None) -> NvmlSnapshot:
         )
         cuda = nvml("nvmlSystemGetCudaDriverVersion")
         result.cuda_driver_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else cuda
-        count = nvml("nvmlDeviceGetCount")
-        if not available(count):
-            result.error = f"cannot count GPUs: {count.reason}"
+        handles = nvml.handles()
+        if not available(handles):
+            result.error = f"cannot count GPUs: {handles.reason}"
             return result
         reachable: list[tuple[GpuInfo, Any]] = []  # GPUs that answered, each with its handle
-        for index in range(count):
-            handle = nvml("nvmlDeviceGetHandleByIndex", index)
+        for index, handle in enumerate(handles):
             if not available(handle):
                 result.gpus.append(GpuInfo(index=index, name=handle))  # a lost GPU still shows, with why
                 continue

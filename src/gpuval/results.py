@@ -1,4 +1,5 @@
-"""Measurements, checks, the verdict, and result.json (schema `gpuval.result/v1`).
+"""Measurements, checks, the verdict, result.json (schema `gpuval.result/v1`) and the document of
+`gpuval bench --output` (schema `gpuval.bench/v1`).
 
 A Measurement is what a benchmark observed; a Check is a measurement held against a threshold. The
 verdict is computed from checks alone, so a result file can always be re-judged from its contents.
@@ -11,13 +12,16 @@ import math
 from enum import Enum
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval.atomic import write_text_atomic
 
 SCHEMA_ID = "gpuval.result/v1"
+BENCH_SCHEMA_ID = "gpuval.bench/v1"
+# the documents whose JSON Schema is shipped in gpuval/schema/ (`gpuval schema DOCUMENT` prints it)
+Document = Literal["result", "bench"]
 
 
 class Status(str, Enum):
@@ -79,6 +83,38 @@ class Result(_Strict):
         write_text_atomic(path, self.to_json())
 
 
+class BenchInventory(_Strict):
+    nodes: list[dict[str, Any]] = Field(
+        default_factory=list, description="gpuval discover's inventory of every node that ran ranks"
+    )
+
+
+class BenchDocument(_Strict):
+    """What `gpuval bench NAME --output FILE` writes: one benchmark's measurements and what ran them.
+
+    Its fields and their order are the ones the untyped document of earlier versions had, so files
+    written then still validate."""
+
+    schema_: str = Field(BENCH_SCHEMA_ID, alias="schema")
+    benchmark: str
+    started_at: str
+    duration_s: float
+    world: World
+    status: Literal["OK", "SKIP", "ERROR"] = Field(
+        "OK", description="OK: it ran; SKIP or ERROR: it did not, `detail` says why"
+    )
+    detail: str = ""
+    options: dict[str, Any] = Field(default_factory=dict, description="the benchmark's effective options")
+    command: list[str] = Field(default_factory=list)
+    inventory: BenchInventory = Field(default_factory=BenchInventory)
+    measurements: list[Measurement] = Field(default_factory=list)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(self.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
+
+
 def load_result(path: Path) -> Result:
     """A result.json read back; anything else is a one-line UsageError naming the file and the fault."""
     from pydantic import ValidationError
@@ -103,6 +139,13 @@ def load_result(path: Path) -> Result:
             f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
             "result.json that gpuval accept or health wrote"
         ) from None
+
+
+def node_of(scope: str) -> str | None:
+    """The node a scope belongs to: 'gpu:node1/3' -> 'node1'; 'node:node1' -> 'node1'; 'cluster' -> None."""
+    if ":" not in scope:
+        return None
+    return scope.split(":", 1)[1].split("/", 1)[0]
 
 
 def verdict(checks: list[Check]) -> Status:
@@ -130,14 +173,19 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def json_schema() -> dict[str, Any]:
-    """The published JSON Schema of result.json (shipped as gpuval/schema/result.v1.json)."""
-    text = resources.files("gpuval").joinpath("schema/result.v1.json").read_text(encoding="utf-8")
+def json_schema(document: Document = "result") -> dict[str, Any]:
+    """The published JSON Schema of result.json, or of the bench document (gpuval/schema/*.v1.json)."""
+    text = resources.files("gpuval").joinpath(f"schema/{document}.v1.json").read_text(encoding="utf-8")
     return json.loads(text)
 
 
-def generated_schema() -> dict[str, Any]:
-    schema = Result.model_json_schema(by_alias=True)
-    schema["$id"] = SCHEMA_ID
-    schema["title"] = "gpuval result"
+def generated_schema(document: Document = "result") -> dict[str, Any]:
+    """The schema the models give today; the shipped file must equal it (tests/test_results.py)."""
+    model, schema_id, title = {
+        "result": (Result, SCHEMA_ID, "gpuval result"),
+        "bench": (BenchDocument, BENCH_SCHEMA_ID, "gpuval bench"),
+    }[document]
+    schema = model.model_json_schema(by_alias=True)
+    schema["$id"] = schema_id
+    schema["title"] = title
     return schema

@@ -73,8 +73,8 @@ class Runtime:
         """Wait for every rank without touching a GPU (gloo over the same rendezvous).
 
         An NCCL barrier is a kernel that spins on the waiting GPU; while one rank measures GPU-to-GPU
-        copies, that spinning kernel on the destination GPU cut gpu0->gpu1 copies to a third (117 vs
-        378 GB/s on the lent 2xH200, benchmarks/results/h200x2-2026-11-21/accept-quick.json).
+        copies, that spinning kernel on the destination GPU cut gpu0->gpu1 copies to a third
+        (benchmarks/results/2026-11-21-h200x2-accept/, against 2026-11-21-h200x2-p2p-host-barrier/).
         """
         import torch.distributed as dist
 

@@ -101,20 +101,6 @@ def calls_per_window(fn: Callable[[], Any], device: Any, window_s: float) -> int
     return max(1, min(100_000, math.ceil(window_s / max(one, 1e-9))))
 
 
-def summarize(values: list[float]) -> dict[str, float]:
-    """Median, extremes and the relative spread (max-min over median, %) of a list of samples."""
-    if not values:
-        raise ValueError("no samples to summarize")
-    median = statistics.median(values)
-    low, high = min(values), max(values)
-    return {
-        "median": median,
-        "min": low,
-        "max": high,
-        "spread_pct": (high - low) / median * 100.0 if median else 0.0,
-    }
-
-
 class TimedOptions(BaseModel):
     """How long to warm up and time: the options every per-GPU benchmark shares."""
 

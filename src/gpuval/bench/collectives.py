@@ -17,11 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 from gpuval.timing import measure
-
-OpName = Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"]
-ALL_OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
 
 # Largest integer each dtype holds exactly: sums of the fill pattern stay below it, so equality is exact.
 _EXACT_LIMIT = {"float32": 2**24, "bfloat16": 2**8, "float16": 2**11}
@@ -177,6 +175,11 @@ OPS: dict[str, CollectiveOp] = {
         ),
     )
 }
+
+
+# The op table above is the one list of collective names: options, measurements and declarations follow it.
+ALL_OPS: tuple[str, ...] = tuple(OPS)
+OpName = Literal[ALL_OPS]  # type: ignore[valid-type]
 
 
 def bandwidth_gbps(op: str, size_bytes: int, time_s: float, n: int) -> tuple[float, float]:
@@ -381,13 +384,41 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
     return measurements
 
 
+def _sizes_from_thresholds(overrides: dict[str, Any], thresholds: dict[str, Any]) -> dict[str, Any]:
+    """Sizes named by thresholds are measured even when the sweep would not reach them."""
+    sizes = {t.bytes for t in thresholds.values() if t.bytes is not None}
+    extra = overrides.get("extra_sizes", [])
+    if sizes and isinstance(extra, list):  # anything else is refused by the options' validation
+        overrides = {
+            **overrides,
+            "extra_sizes": [*extra, *sorted(size for size in sizes if size not in extra)],
+        }
+    return overrides
+
+
+_METRICS = (
+    Metric("time_us", "us", -1, description="time per op, averaged over the ranks"),
+    Metric("algbw_gbps", "GB/s", +1, description="algbw"),
+    Metric("busbw_gbps", "GB/s", +1, description="busbw, nccl-tests' definition", plot=True),
+    Metric("wrong_elements", "elements", -1, description="elements that differ from the exact result"),
+)
+_HINT = (
+    "check NVLink/InfiniBand state and errors (nvidia-smi nvlink -e, ibstat), topology "
+    "(nvidia-smi topo -m) and NCCL_* settings; --set benchmarks.collectives.scope=node finds the node"
+)
+
 register(
     Benchmark(
         name="collectives",
-        summary="all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv: nccl-tests busbw",
+        summary=f"{', '.join(ALL_OPS)}: nccl-tests busbw",
         options=CollectiveOptions,
         defaults=_defaults,
         run=run_collectives,
-        produces=ALL_OPS,
+        metrics=tuple(
+            MeasurementDecl(op, _METRICS, identity=("bytes", "dtype"), hint=_HINT, view="size_sweep")
+            for op in ALL_OPS
+        ),
+        plan=_sizes_from_thresholds,
+        crosses_nodes=True,
     )
 )

@@ -8,15 +8,17 @@ add per term). Inputs are random normal values: zero-filled inputs run faster an
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field
 
 from gpuval.bench.registry import Benchmark, Context, register
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 from gpuval.timing import CPU_TIMING, TimedOptions, measure_with
 
-Dtype = Literal["bf16", "fp16", "tf32", "fp32", "fp8"]
+Dtype = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]  # the order they are shown in
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 # Shapes (m, n, k): m = n from 2048 to 16384, k from 4096 to 16384, plus the cubes 4096^3, 6144^3 and
 # 8192^3 that plain back-to-back loops (and most published figures) use. The best rate depends on the
@@ -171,6 +173,9 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
     return [summary, *sweep]
 
 
+_HINT = "check clocks, power limit and throttle reasons (nvidia-smi -q -d PERFORMANCE,POWER)"
+_PLOTTED = ("bf16", "fp8")
+
 register(
     Benchmark(
         name="matmul",
@@ -178,7 +183,27 @@ register(
         options=MatmulOptions,
         defaults=_defaults,
         run=run_matmul,
-        produces=("matmul", "matmul_sweep"),
+        metrics=(
+            MeasurementDecl(
+                "matmul",
+                tuple(
+                    Metric(f"{d}_tflops", "TFLOP/s", +1, description=f"matmul {d}", plot=d in _PLOTTED)
+                    for d in DTYPES
+                ),
+                hint=_HINT,
+                view="per_gpu",
+            ),
+            MeasurementDecl(  # every shape of the sweep: in result.json, not shown
+                "matmul_sweep",
+                (
+                    Metric("tflops", "TFLOP/s", +1, description="matmul at this shape"),
+                    Metric("time_us", "us", -1, description="time per multiply"),
+                ),
+                identity=("dtype", "m", "n", "k"),
+                hint=_HINT,
+                view="none",
+            ),
+        ),
         outlier_metrics=("bf16_tflops", "fp32_tflops"),
     )
 )

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.config import ByteSize
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 from gpuval.timing import CPU_TIMING, TimedOptions, Windows, measure_with
 
@@ -77,9 +78,9 @@ def run_membw(ctx: Context, options: MembwOptions) -> list[Measurement]:
         results[f"{label}_tbps"], spread[f"{label}_tbps_min"], spread[f"{label}_tbps_max"] = median, low, high
     del src, dst, fn  # the last lambda holds a buffer too
     if on_gpu:
-        # One GPU of a node at a time by default: four healthy H200s (Gen5 x16 links) copying at once
-        # got 35-45 GB/s each, two at once 55 (benchmarks/results/h200x4-2026-11-22, h200x2-2026-11-21):
-        # the host's limit, not a link's. A per-GPU threshold must see the GPU's own link.
+        # One GPU of a node at a time by default: healthy GPUs copying at once share the host's memory
+        # bandwidth and read below their links (benchmarks/results/2026-11-22-h200x4-device-run): the
+        # host's limit, not a link's. A per-GPU threshold must see the GPU's own link.
         turns = [True] if options.host_all_at_once else runtime.local_turns()
         for mine in turns:
             if mine:
@@ -122,6 +123,8 @@ def _host_copies(ctx: Context, options: MembwOptions) -> dict[str, tuple[float, 
     return rates
 
 
+_PCIE_HINT = "check the PCIe link (nvidia-smi -q -d PCI: generation and width) and NUMA binding"
+
 register(
     Benchmark(
         name="membw",
@@ -129,7 +132,21 @@ register(
         options=MembwOptions,
         defaults=_defaults,
         run=run_membw,
-        produces=("membw",),
+        metrics=(
+            MeasurementDecl(
+                "membw",
+                (
+                    Metric("copy_tbps", "TB/s", +1, description="HBM copy, read + written", plot=True),
+                    Metric("read_tbps", "TB/s", +1, description="HBM read"),
+                    Metric("write_tbps", "TB/s", +1, description="HBM write"),
+                    Metric("h2d_gbps", "GB/s", +1, hint=_PCIE_HINT, description="pinned host to device"),
+                    Metric("d2h_gbps", "GB/s", +1, hint=_PCIE_HINT, description="device to pinned host"),
+                ),
+                hint="check memory clocks and ECC / row-remapping state "
+                "(nvidia-smi -q -d MEMORY,ECC,ROW_REMAPPER)",
+                view="per_gpu",
+            ),
+        ),
         outlier_metrics=("copy_tbps",),
     )
 )

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 from gpuval.timing import TimedOptions, measure_with
 
@@ -85,7 +86,15 @@ register(
         options=P2POptions,
         defaults=_defaults,
         run=run_p2p,
-        produces=("p2p",),
+        metrics=(
+            MeasurementDecl(
+                "p2p",
+                (Metric("copy_gbps", "GB/s", +1, description="copy from src to dst GPU", plot=True),),
+                identity=("src", "dst"),
+                hint="check this GPU pair's NVLinks (nvidia-smi nvlink -s, -e) and peer access",
+                view="pair_matrix",
+            ),
+        ),
         outlier_metrics=("copy_gbps",),
     )
 )

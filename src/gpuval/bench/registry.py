@@ -1,7 +1,9 @@
 """The flat benchmark registry (after torchtitan): a name maps to one Benchmark; duplicates are errors.
 
 Adding a benchmark = one module in gpuval/bench/ ending with `register(Benchmark(...))`. Modules are
-discovered by listing the package, so no central list needs editing.
+discovered by listing the package, so no central list needs editing. The registration also declares what
+its measurements' metrics mean (gpuval.metrics), and any rule that sets the benchmark apart (its own plan
+from the profile's thresholds, crossing nodes) is a field here, never its name tested elsewhere.
 """
 
 from __future__ import annotations
@@ -10,13 +12,17 @@ import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from gpuval.errors import UsageError
 from gpuval.results import Measurement
+
+if TYPE_CHECKING:
+    from gpuval.metrics import MeasurementDecl
 
 
 class BenchmarkSkipped(Exception):
@@ -40,12 +46,22 @@ class Benchmark:
     # (quick, on_gpu) -> option values used where the user set none
     defaults: Callable[[bool, bool], dict[str, Any]]
     run: Callable[[Context, Any], list[Measurement]]
-    # measurement names this benchmark emits: a profile check '<name>.<metric>' pulls the benchmark in
-    produces: tuple[str, ...]
+    # the measurements this benchmark emits, with their metrics' meaning: a profile check
+    # '<name>.<metric>' on one of them pulls the benchmark in
+    metrics: tuple[MeasurementDecl, ...]
     # metrics compared across GPUs (or links) for the outlier check 'outliers.<benchmark>_pct': the first
     # one that was measured (bf16 on GPUs, fp32 on CPUs)
     outlier_metrics: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    # (option overrides, the profile's thresholds on this benchmark's measurements) -> overrides: what the
+    # thresholds imply for the options (a size a threshold names is measured)
+    plan: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    # runs across nodes: not run when a node failed health (its numbers would go through that node)
+    crosses_nodes: bool = False
+
+    @property
+    def produces(self) -> tuple[str, ...]:
+        """Measurement names this benchmark emits."""
+        return tuple(decl.name for decl in self.metrics)
 
     def make_options(self, overrides: dict[str, Any], quick: bool, on_gpu: bool, source: str) -> Any:
         from gpuval.config import validate_model
@@ -62,19 +78,26 @@ _NOT_BENCHMARKS = {"registry", "run"}
 def register(benchmark: Benchmark) -> Benchmark:
     if benchmark.name in _REGISTRY:
         raise ValueError(f"benchmark '{benchmark.name}' is registered twice")
+    for other in _REGISTRY.values():  # one producer per measurement name: one meaning for its metrics
+        if shared := set(benchmark.produces) & set(other.produces):
+            raise ValueError(f"benchmarks '{benchmark.name}', '{other.name}' both declare {sorted(shared)}")
     _REGISTRY[benchmark.name] = benchmark
     return benchmark
+
+
+def unregister(name: str) -> None:
+    """Remove a benchmark and so its declarations (a test's toy benchmark cleans up with it)."""
+    _REGISTRY.pop(name, None)
 
 
 def load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    import gpuval.bench as package
-
-    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda found: found.name):
+    # the package's modules found by listing its folder (importing the package from here would be a cycle)
+    for module in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda found: found.name):
         if module.name not in _NOT_BENCHMARKS and not module.name.startswith("_"):
-            importlib.import_module(f"gpuval.bench.{module.name}")
+            importlib.import_module(f"{__package__}.{module.name}")
     _LOADED = True
 
 
@@ -92,10 +115,3 @@ def get(name: str) -> Benchmark:
     close = difflib.get_close_matches(name, list(benchmarks), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     raise UsageError(f"unknown benchmark '{name}'{hint}; available: {', '.join(sorted(benchmarks))}")
-
-
-def producer_of(measurement_name: str) -> Benchmark | None:
-    for benchmark in all_benchmarks().values():
-        if measurement_name in benchmark.produces:
-            return benchmark
-    return None

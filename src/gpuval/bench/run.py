@@ -7,6 +7,7 @@ the benchmarks after it are not run: a process group that saw a failure cannot b
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
                 )
             needed.add(source)
         elif target in producers:
+            decl = next(d for d in benchmarks[producers[target]].metrics if d.name == target)
+            if decl.find(metric) is None:
+                close = difflib.get_close_matches(metric, [m.key for m in decl.metrics], n=1)
+                hint = f" (did you mean '{target}.{close[0]}'?)" if close else ""
+                raise UsageError(
+                    f"profile '{profile.name}': check '{check_name}': '{target}' has no metric "
+                    f"'{metric}'{hint}; its metrics: {', '.join(m.key for m in decl.metrics)}"
+                )
             needed.add(producers[target])
         elif target != "expect":
             raise UsageError(
@@ -62,16 +71,9 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
         if name not in needed:
             continue
         overrides = dict(profile.benchmarks.get(name, {}))
-        if name == "collectives":
-            # Sizes named by thresholds are measured even when the sweep would not reach them.
-            sizes = {
-                t.bytes
-                for check, t in profile.checks.items()
-                if t.bytes is not None and producers.get(check.split(".")[0]) == "collectives"
-            }
-            extra = overrides.get("extra_sizes", [])
-            if sizes and isinstance(extra, list):  # anything else is refused by the options' validation
-                overrides["extra_sizes"] = [*extra, *sorted(size for size in sizes if size not in extra)]
+        if bench.plan is not None:
+            mine = {c: t for c, t in profile.checks.items() if producers.get(c.split(".")[0]) == name}
+            overrides = bench.plan(overrides, mine)
         plan[name] = bench.make_options(
             overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}"
         )

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.errors import RunError
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 
 RECORD_SEED = 5  # synthetic data: the same records on every rank and in every run
@@ -85,7 +86,7 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         return {
             "model": "qwen2-7b-shape",
             "seq_len": 4096,
-            "micro_batch_size": 3,  # 64 GiB without checkpointing with the fused loss (NOTES.md)
+            "micro_batch_size": 3,  # fits 80 GB, no checkpointing, with the fused loss (benchmarks/NOTES.md)
             "compile": True,
             "records": 3000,
             "steps": 4 if quick else 10,
@@ -263,6 +264,21 @@ register(
         options=TrainBenchOptions,
         defaults=_defaults,
         run=run_train,
-        produces=("train",),
+        metrics=(
+            MeasurementDecl(
+                "train",
+                (
+                    Metric("tokens_per_s_per_gpu", "tokens/s", +1, description="tokens/s per GPU", plot=True),
+                    Metric("mfu_pct", "%", +1, description="model FLOPs utilisation"),
+                    Metric("step_ms", "ms", -1, description="optimizer step time"),
+                    Metric("peak_memory_gib", "GiB", -1, description="peak GPU memory"),
+                    # a property of the data and seed, not of the machine: never compared
+                    Metric("loss_first", "nats", -1, compared=False, description="loss at step 1"),
+                    Metric("loss_last", "nats", -1, compared=False, description="loss at the end"),
+                ),
+                identity=("model", "mode", "seq_len"),
+                view="throughput",
+            ),
+        ),
     )
 )

@@ -13,10 +13,10 @@ def local_gpu_names() -> list[str]:
     """GPU names through NVML (no CUDA context in this process), else through torch."""
     nvml = Nvml()
     try:
-        count = nvml("nvmlDeviceGetCount")
-        if isinstance(count, int):
-            handles = [nvml("nvmlDeviceGetHandleByIndex", index) for index in range(count)]
-            return [name for name in (nvml("nvmlDeviceGetName", h) for h in handles) if available(name)]
+        handles = nvml.handles()
+        if available(handles):
+            names = (nvml("nvmlDeviceGetName", handle) for handle in handles if available(handle))
+            return [name for name in names if available(name)]
     finally:
         nvml.shutdown()
     import torch  # no driver, no library: what torch sees (nothing on a CPU machine)

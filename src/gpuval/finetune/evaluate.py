@@ -145,8 +145,8 @@ def evaluate(
     has_adapter = hasattr(model, "disable_adapter")
     # The base first, with the adapter switched off and unmerged, so its weights are exactly the base's;
     # then the tuned model with the adapter merged into the weights (PEFT merge_adapter): one matmul per
-    # layer instead of three, the same model up to float rounding. Tiny model, 599 held-out prompts on the
-    # 2-core dev CPU: 47 s instead of 62 s, the same score. The model is unmerged again before it returns.
+    # layer instead of three, the same model up to float rounding, the same score and a faster eval
+    # (benchmarks/results/2026-11-24-cpu-finetune). The model is unmerged again before it returns.
     variants: list[str] = (["base"] if base_too and has_adapter else []) + ["tuned"]
     model.eval()
     result: dict[str, Any] = {"splits": {name: {} for name in splits}, "predictions": {}}

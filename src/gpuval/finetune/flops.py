@@ -1,6 +1,6 @@
 """Training FLOPs per token and MFU for LoRA fine-tuning of a decoder (Qwen2/Llama shape).
 
-Source: REFERENCE.md, "Fine-tune FLOPs and MFU (LoRA)":
+Source: docs/mfu.md (PaLM's appendix B count, with frozen weights' missing weight-gradient taken out):
     LoRA training FLOPs/token = 4·N_mm + 6·N_A + 12·L·d·S_eff
 - N_mm: parameters of the frozen weight matrices that multiply activations (attention and MLP projections
   of every layer, and the output head; not the embedding lookup). Forward 2·N_mm; backward needs only the
@@ -11,8 +11,7 @@ Source: REFERENCE.md, "Fine-tune FLOPs and MFU (LoRA)":
   after PaLM (Chowdhery et al. 2022, appendix B).
 Recomputation by activation checkpointing is not counted: MFU measures useful work.
 
-Check (REFERENCE.md): Qwen2-7B (N_mm 7.07 B), LoRA r=64 on q,k,v,o (N_A 40,370,176), S_eff 4096 gives
-33.5 GFLOP/token, so 29.6k tokens/s/GPU at 989 TFLOP/s would be 100% MFU.
+Worked check for Qwen2-7B with LoRA r=64 on q,k,v,o: docs/mfu.md (tests/test_finetune_flops.py repeats it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One Glaive function-calling v2 record → `{"tools": [...], "messages": [...]}` (REFERENCE.md).
+"""One Glaive function-calling v2 record → `{"tools": [...], "messages": [...]}` (docs/glaive-format.md).
 
 Messages have roles user, assistant and tool. An assistant call becomes
 `{"role": "assistant", "content": <text before the call or "">, "tool_calls": [{"name", "arguments"}]}`

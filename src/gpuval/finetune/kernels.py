@@ -50,8 +50,7 @@ VARLEN = "gpuval_varlen"  # the attention implementation name registered with tr
 def resolve_attention(setting: str, on_gpu: bool) -> str:
     """`sdpa` or `varlen` for `train.attention` (auto: varlen); varlen needs varlen_attn on a GPU. On a CPU
     varlen runs causal SDPA per document, which skips what a dense (seq, seq) document mask computes and
-    throws away: on the 2-core dev CPU the tiny fine-tune's attention took 0.50 s instead of 1.14 s over
-    five steps, the whole step 0.34 s instead of 0.47 s (benchmarks/results/cpu-finetune-2026-11-24/)."""
+    throws away; measured faster on the dev CPU too (benchmarks/results/2026-11-24-cpu-finetune/)."""
     choice = "varlen" if setting == "auto" else setting
     if choice == "varlen" and on_gpu and _varlen_attn() is None:
         raise UsageError(
@@ -77,9 +76,9 @@ ROW_KERNELS = ("cudnn", "flash", "varlen")
 
 def resolve_row_kernel(setting: str, on_gpu: bool) -> str:
     """`train.row_kernel`: cudnn, flash or varlen for rows holding one whole document. auto: cudnn on a
-    Hopper GPU (compute capability 9.x) whose PyTorch has cuDNN, varlen otherwise. Measured on one H100
-    (benchmarks/NOTES.md): cuDNN's causal attention forward + backward 1.9 ms vs varlen_attn's 3.4 ms at
-    2 x 4,096 tokens, 28/4 heads; the whole 7B LoRA step +6.6 %."""
+    Hopper GPU (compute capability 9.x) whose PyTorch has cuDNN, varlen otherwise: on an H100 cuDNN's
+    causal kernel is the faster one for whole-document rows (benchmarks/NOTES.md,
+    benchmarks/results/2026-11-23-h100x1-finetune-speed/)."""
     if setting == "auto":
         hopper = on_gpu and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
         return "cudnn" if hopper and torch.backends.cudnn.is_available() else "varlen"

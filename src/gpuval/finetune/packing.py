@@ -1,6 +1,6 @@
 """Pack encoded conversations into fixed-length sequences with per-document attention isolation.
 
-Glaive conversations average ≈500 tokens (REFERENCE.md), so padding each one to 4096 wastes most of
+Glaive conversations average ≈500 tokens (docs/glaive-format.md), so padding each one to 4096 wastes most of
 the compute. `pack` places whole documents into sequences of at most `max_seq_len` tokens (greedy
 first-fit, order-stable); `collate` turns packs into model inputs in which no document sees another:
 
@@ -203,8 +203,8 @@ def seq_lens_squared_mean(seq_lens: Iterable[int]) -> float:
     tokens of document i attends within its own s_i tokens, so the token-weighted mean context is
     Σ s_i·s_i / Σ s_i; one unpacked sequence of length S gives S.
     """
-    # S_eff = Σ s_i² / Σ s_i. Source: REFERENCE.md "Fine-tune FLOPs and MFU (LoRA)" ("With packed
-    # documents and per-document masking, S_eff = Σ s_i² / Σ s_i"; attention term after PaLM, app. B).
+    # S_eff = Σ s_i² / Σ s_i for packed documents with per-document attention (docs/mfu.md; attention
+    # term after PaLM, app. B).
     lengths = [int(s) for s in seq_lens]
     total = sum(lengths)
     return sum(s * s for s in lengths) / total if total else 0.0

@@ -1,4 +1,6 @@
-"""Function-calling scoring after the Berkeley Function Calling Leaderboard's AST match (REFERENCE.md).
+"""Function-calling scoring after the Berkeley Function Calling Leaderboard's AST match.
+
+The method and its source: docs/function-calling-eval.md.
 
 Pure Python, no model. A call is `{"name": str, "arguments": dict}` (as `template.parse_tool_calls` and
 prepared records give it).

@@ -1,4 +1,4 @@
-"""Synthetic records in Glaive function-calling v2's own format, quirks included (REFERENCE.md).
+"""Synthetic records in Glaive function-calling v2's own format, quirks included (docs/glaive-format.md).
 
 A record is `{"system": str, "chat": str}`. Kinds: a function call (one to three functions in the system
 prompt, sometimes text before the call, a function response, an answer; sometimes a second call or a

@@ -2,7 +2,7 @@
 
 A prepared conversation is `{"tools": [schema, ...], "messages": [...]}` (data.py). It is rendered by the
 tokenizer's own chat template when that template knows about tools (Qwen2.5's does), and otherwise by
-`QWEN25_TOOL_TEMPLATE` below — Qwen2-7B-Instruct's own template silently drops `tools` (REFERENCE.md). The
+`QWEN25_TOOL_TEMPLATE` below — Qwen2-7B-Instruct's own template silently drops `tools` (docs/qwen2-7b.md). The
 bundled tiny tokenizer ships the same template, so one code path serves both.
 """
 

@@ -23,12 +23,10 @@ from gpuval.results import Check, Status
 
 GIB = 2**30
 # Used memory no listed process accounts for, above which it is another program's. An idle GPU shows only
-# the driver's reservation: 0.47 GiB on an H100 80GB, 0.60 GiB on an H200 (tests/data/nvml). During
-# `gpuval accept` its ranks were listed holding 0.7-1.6 GiB per GPU, and used minus those stayed at that
-# 0.6 GiB (benchmarks/results/h200x4-2026-11-22); where a driver reports a process's usage as 0 or N/A,
-# its context (up to ~1.6 GiB) also lands here. The larger of 2 GiB and 5% of the GPU (4.0 GiB of an
-# H100's 79.6, 7.0 of an H200's 140.4) is far above that, while a job that crowds out the benchmarks holds
-# tens of GiB.
+# the driver's reservation, and gpuval's own ranks add little beside it (even where a driver reports a
+# process's usage as 0 or N/A and its context lands here); the larger of 2 GiB and 5% of the GPU is far
+# above both, while a job that crowds out the benchmarks holds tens of GiB. The measured figures:
+# docs/foreign-processes.md.
 UNSEEN_MIN_BYTES = 2 * GIB
 UNSEEN_MIN_FRACTION = 0.05
 

@@ -61,11 +61,10 @@ def register(check: HealthCheck) -> HealthCheck:
 def all_checks() -> dict[str, HealthCheck]:
     global _LOADED
     if not _LOADED:
-        import gpuval.health as package
-
-        for module in pkgutil.iter_modules(package.__path__):
+        # the package's modules found by listing its folder (importing the package here would be a cycle)
+        for module in pkgutil.iter_modules([str(Path(__file__).parent)]):
             if module.name not in _NOT_CHECKS and not module.name.startswith("_"):
-                importlib.import_module(f"gpuval.health.{module.name}")
+                importlib.import_module(f"{__package__}.{module.name}")
         _LOADED = True
     return dict(_REGISTRY)
 

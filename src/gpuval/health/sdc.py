@@ -28,7 +28,8 @@ SEED = 20261121
 @functools.lru_cache(maxsize=2)
 def _inputs(size: int) -> tuple[Any, Any]:
     """The seeded inputs, made once per process on the CPU: every GPU and both runs use these bytes.
-    Drawing 2 x 4096^2 normals takes 0.32 s on a 2-core CPU; per GPU and run, that was 2.5 s on 4 GPUs."""
+    Drawing them is slow on a CPU, and drawn per GPU and run it added seconds to health on a multi-GPU
+    node (docs/code-figures.md)."""
     import torch
 
     generator = torch.Generator().manual_seed(SEED)
@@ -42,7 +43,7 @@ def _fingerprint(device: Any, size: int, steps: int) -> str:
 
     if device.type == "cpu":
         # One thread: a CPU BLAS may pick its thread count, and with it its blocking, from the machine's
-        # load, so a busy CPU gave two runs that differed (a CI run, 2026-11-23) with nothing wrong.
+        # load, so a busy CPU gave two runs that differed with nothing wrong (in CI: docs/code-figures.md).
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:

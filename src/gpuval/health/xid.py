@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 from gpuval.health._common import bus_key, gpu_scope, node_scope, reachable, skip, why_no_gpus
 from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.history import last_passing_run
+from gpuval.nvml import Nvml, available, field_value
 from gpuval.results import Check, Status
 
 
@@ -295,75 +296,56 @@ def _kernel_log(ctx: HealthContext) -> list[Check]:
     return _checks(ctx, name, f"in the kernel log {window.phrase()}", findings)
 
 
-def _library(ctx: HealthContext) -> Any:
-    if ctx.library is not None:
-        return ctx.library
-    import pynvml
-
-    return pynvml
-
-
 def _nvml_events(ctx: HealthContext, window_s: float) -> list[Check]:
-    """Register every GPU for critical-XID events and wait `window_s`; every call through ctx.library."""
+    """Register every GPU for critical-XID events and wait `window_s`; every call through the NVML layer
+    (on ctx.library: pynvml, or a replay in tests), so no NVML error escapes as an exception."""
     name, scope = "xid.events", node_scope(ctx.node)
-    lib = _library(ctx)
-    timeout_error = getattr(lib, "NVMLError_Timeout", None)
+    nvml = Nvml(ctx.library)
 
-    def failed(step: str, exc: BaseException) -> list[Check]:
-        return [
-            skip(
-                name, scope, f"NVML event wait not possible here ({step}: {type(exc).__name__} {exc})".strip()
-            )
-        ]
+    def failed(step: str, why: str) -> list[Check]:
+        return [skip(name, scope, f"NVML event wait not possible here ({step}: {why})")]
 
     try:
-        lib.nvmlInit()
-    except Exception as exc:  # noqa: BLE001 - no NVML: the part is skipped with the reason
-        return failed("nvmlInit", exc)
-    try:
-        try:
-            event_set = lib.nvmlEventSetCreate()
-        except Exception as exc:  # noqa: BLE001 - an NVML without events (or a replay)
-            return failed("nvmlEventSetCreate", exc)
+        if nvml.error is not None:
+            return failed("nvmlInit", nvml.error)
+        event_set = nvml("nvmlEventSetCreate")
+        if not available(event_set):  # an NVML without events (or a replay)
+            return failed("nvmlEventSetCreate", event_set.reason)
         try:
             registered, refused = [], []
+            xid_critical = nvml.constant("nvmlEventTypeXidCriticalError", 0x8)
             for gpu in ctx.snapshot.gpus:
                 if not reachable(gpu):
                     continue
-                try:
-                    handle = lib.nvmlDeviceGetHandleByIndex(gpu.index)
-                    lib.nvmlDeviceRegisterEvents(
-                        handle, getattr(lib, "nvmlEventTypeXidCriticalError", 0x8), event_set
-                    )
+                handle = nvml("nvmlDeviceGetHandleByIndex", gpu.index)
+                done = (
+                    nvml("nvmlDeviceRegisterEvents", handle, xid_critical, event_set)
+                    if available(handle)
+                    else handle
+                )
+                if available(done):
                     registered.append(gpu.index)
-                except Exception as exc:  # noqa: BLE001 - NotSupported on this GPU
-                    refused.append(f"GPU {gpu.index}: {type(exc).__name__}")
+                else:  # NotSupported on this GPU
+                    refused.append(f"GPU {gpu.index}: {done.reason}")
             if not registered:
                 return [skip(name, scope, f"no GPU accepts XID event registration ({'; '.join(refused)})")]
             findings: list[Finding] = []
             deadline = time.monotonic() + window_s
             while (remaining_ms := int((deadline - time.monotonic()) * 1000)) > 0:
-                try:
-                    data = lib.nvmlEventSetWait_v2(event_set, remaining_ms)
-                except Exception as exc:  # noqa: BLE001
-                    if timeout_error is not None and isinstance(exc, timeout_error):
+                data = nvml("nvmlEventSetWait_v2", event_set, remaining_ms)
+                if not available(data):
+                    if data.error == "NVMLError_Timeout":
                         break  # the window passed without an event
-                    return failed("nvmlEventSetWait_v2", exc)
-                try:
-                    index = lib.nvmlDeviceGetIndex(data.device)
-                except Exception:  # noqa: BLE001 - the GPU that raised it may be the one that is lost
-                    index = None
-                _merge(findings, Finding(xid=int(data.eventData), bus_id=None, gpu_index=index, text=""))
+                    return failed("nvmlEventSetWait_v2", data.reason)
+                # the GPU that raised it may be the one that is lost: then it has no index
+                index = nvml("nvmlDeviceGetIndex", field_value(data, "device"))
+                xid = int(field_value(data, "eventData"))
+                gpu_index = index if available(index) else None
+                _merge(findings, Finding(xid=xid, bus_id=None, gpu_index=gpu_index, text=""))
         finally:
-            try:
-                lib.nvmlEventSetFree(event_set)
-            except Exception:  # noqa: BLE001 - freeing changes no verdict
-                pass
+            nvml("nvmlEventSetFree", event_set)  # freeing changes no verdict: its answer is not read
     finally:
-        try:
-            lib.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        nvml.shutdown()
     if not findings:
         note = f"; not registered: {'; '.join(refused)}" if refused else ""
         return [

@@ -89,7 +89,7 @@ def _gpu_table(gpus: list[GpuReading]) -> Table:
             _number(gpu.utilization_memory_percent),
             _pair(gpu.memory_used_bytes, gpu.memory_total_bytes, 2**30, 1),
             _number(gpu.temperature_c),
-            _pair(gpu.power_w, gpu.power_limit_w),
+            _pair(gpu.power_usage_w, gpu.power_limit_w),
             _number(gpu.sm_clock_mhz),
             _throttle(gpu),
             _rate(gpu.pcie_tx_bytes_per_s),

@@ -45,7 +45,7 @@ GPU_METRICS: tuple[tuple[str, str, tuple[str, ...], float], ...] = (
     ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", ("memory_used_bytes",), 2**20),
     ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", ("memory_free_bytes",), 2**20),
     ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", ("temperature_c",), 1),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", ("power_w",), 1),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", ("power_usage_w",), 1),
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", ("sm_clock_mhz",), 1),
     (
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",

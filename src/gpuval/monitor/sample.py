@@ -20,16 +20,7 @@ from typing import Any
 
 from gpuval.discover.host import meminfo_bytes, read_text
 from gpuval.discover.network import infiniband_ports
-from gpuval.nvml import (
-    CLOCK_REASONS,
-    Nvml,
-    Unavailable,
-    available,
-    field_value,
-    first_available,
-    reason_of,
-    scaled,
-)
+from gpuval.nvml import GpuRecord, Nvml, Unavailable, available, field_value, gpu_fields, reason_of, scaled
 
 NVLINK_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: nvml.h's sum over every link of a throughput field
 # nvmlValueType_t -> the member of the nvmlValue_t union that holds the value (nvml.h)
@@ -38,8 +29,9 @@ FIRST_READING = Unavailable("a rate needs two readings")
 
 
 @dataclass
-class GpuReading:
-    """One GPU now; each field a value or Unavailable (why NVML could not give it)."""
+class GpuReading(GpuRecord):
+    """One GPU now; each field a value or Unavailable (why NVML could not give it). The fields it shares
+    with the snapshot's GpuInfo are read by gpuval.nvml.gpu_fields and named as there."""
 
     index: int
     name: Any = None
@@ -51,7 +43,7 @@ class GpuReading:
     memory_free_bytes: Any = None
     memory_total_bytes: Any = None
     temperature_c: Any = None
-    power_w: Any = None
+    power_usage_w: Any = None
     power_limit_w: Any = None
     sm_clock_mhz: Any = None
     clock_event_reasons: Any = None  # bit mask, gpuval.nvml.CLOCK_REASONS
@@ -59,27 +51,6 @@ class GpuReading:
     pcie_rx_bytes_per_s: Any = None
     nvlink_tx_bytes_per_s: Any = None
     nvlink_rx_bytes_per_s: Any = None
-
-    def clock_reasons(self) -> list[str]:
-        """Names of the active clock event reasons; a bit nvml.h did not name when written shows in hex."""
-        if not isinstance(self.clock_event_reasons, int):
-            return []
-        names = [label for bit, label in CLOCK_REASONS.items() if self.clock_event_reasons & bit]
-        unnamed = self.clock_event_reasons & ~sum(CLOCK_REASONS)
-        return [*names, f"{unnamed:#x}"] if unnamed else names
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON: Unavailable becomes null, and its reason goes to 'unavailable'."""
-        out: dict[str, Any] = {}
-        missing: dict[str, str] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
-            out[item.name] = None if isinstance(value, Unavailable) else value
-            if isinstance(value, Unavailable):
-                missing[item.name] = value.reason
-        out["clock_reasons"] = self.clock_reasons()
-        out["unavailable"] = missing
-        return out
 
 
 @dataclass
@@ -266,15 +237,14 @@ class Sampler:
         nvml = self.nvml
         if nvml.error is not None:
             return [], nvml.error
-        count = nvml("nvmlDeviceGetCount")
-        if not available(count):
-            return [], f"cannot count GPUs: {count.reason}"
-        if count == 0:
+        handles = nvml.handles()
+        if not available(handles):
+            return [], f"cannot count GPUs: {handles.reason}"
+        if not handles:
             return [], "NVML sees no GPU"
         gpus = []
         counters = {}
-        for index in range(count):
-            handle = nvml("nvmlDeviceGetHandleByIndex", index)
+        for index, handle in enumerate(handles):
             if not available(handle):  # a GPU that fell off the bus still gets its row, with why
                 gpus.append(GpuReading(index, **{f.name: handle for f in fields(GpuReading)[1:]}))
                 continue
@@ -290,25 +260,11 @@ class Sampler:
         """The GPU's instantaneous fields, and its cumulative NVLink (tx, rx) KiB counters."""
         nvml, c = self.nvml, self.nvml.constant
         utilization = nvml("nvmlDeviceGetUtilizationRates", handle)
-        memory = nvml("nvmlDeviceGetMemoryInfo", handle)
         gpu = GpuReading(
             index=index,
-            name=nvml("nvmlDeviceGetName", handle),
-            uuid=nvml("nvmlDeviceGetUUID", handle),
-            pci_bus_id=field_value(nvml("nvmlDeviceGetPciInfo", handle), "busId"),
+            **gpu_fields(nvml, handle),
             utilization_gpu_percent=field_value(utilization, "gpu"),
             utilization_memory_percent=field_value(utilization, "memory"),
-            memory_used_bytes=field_value(memory, "used"),
-            memory_free_bytes=field_value(memory, "free"),
-            memory_total_bytes=field_value(memory, "total"),
-            temperature_c=nvml("nvmlDeviceGetTemperature", handle, c("NVML_TEMPERATURE_GPU", 0)),
-            power_w=scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3),  # NVML: milliwatts
-            power_limit_w=scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3),
-            sm_clock_mhz=nvml("nvmlDeviceGetClockInfo", handle, c("NVML_CLOCK_SM", 1)),
-            clock_event_reasons=first_available(
-                nvml("nvmlDeviceGetCurrentClocksEventReasons", handle),
-                nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
-            ),
             # nvmlDeviceGetPcieThroughput: KB/s over a 20 ms sample, KiB as nvitop reads it
             pcie_tx_bytes_per_s=scaled(
                 nvml("nvmlDeviceGetPcieThroughput", handle, c("NVML_PCIE_UTIL_TX_BYTES", 0)), 1024

@@ -3,8 +3,9 @@ better or worse (`gpuval compare A.json B.json`).
 
 A measurement is matched by its name, scope and identity parameters (a collective's size and dtype, a
 training run's model, mode and sequence length), not by how it was run (iterations, kernels, CUDA graph),
-so a tuning change compares against the run before it. Whether higher is better comes from the metric's
-unit; a metric of unknown direction is shown and never judged.
+so a tuning change compares against the run before it. The identity parameters, whether higher is better
+and whether a metric is compared at all come from its declaration (gpuval.metrics); an undeclared metric
+is shown and never judged.
 """
 
 from __future__ import annotations
@@ -13,23 +14,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpuval import metrics
 from gpuval.results import Measurement, Result
 from gpuval.units import format_bytes
-
-# measurement name -> the parameters that say *what* was measured (the rest say how)
-IDENTITY: dict[str, tuple[str, ...]] = {
-    **{op: ("bytes", "dtype") for op in ("all_reduce", "all_gather", "reduce_scatter", "alltoall")},
-    **{op: ("bytes", "dtype") for op in ("broadcast", "sendrecv")},
-    "matmul": (),
-    "matmul_sweep": ("dtype", "m", "n", "k"),
-    "membw": (),
-    "p2p": ("src", "dst"),
-    "outliers": ("benchmark", "metric"),
-    "train": ("model", "mode", "seq_len"),
-}
-HIGHER_IS_BETTER = ("_gbps", "_tbps", "_tflops", "tflops", "tokens_per_s_per_gpu", "mfu_pct")
-LOWER_IS_BETTER = ("time_us", "step_ms", "_pct", "wrong_elements", "peak_memory_gib")
-NOT_COMPARED = ("loss_first", "loss_last")  # a property of the data and seed, not of the machine
 
 
 @dataclass(frozen=True)
@@ -44,20 +31,9 @@ class Row:
     better: bool | None  # None: unknown direction or no change
 
 
-def direction(metric: str) -> int:
-    """+1 when higher is better, -1 when lower is, 0 when gpuval cannot tell."""
-    if metric.endswith(("_min", "_max")) or metric in NOT_COMPARED:
-        return 0
-    if metric.endswith(HIGHER_IS_BETTER):
-        return 1
-    if metric.endswith(LOWER_IS_BETTER):
-        return -1
-    return 0
-
-
 def _identity(measurement: Measurement) -> str:
-    keys = IDENTITY.get(measurement.name)
-    if keys is None:  # a benchmark this table does not know: every plain parameter identifies it
+    keys = metrics.identity(measurement.name)
+    if keys is None:  # a measurement nothing declares: every plain parameter identifies it
         keys = tuple(k for k, v in sorted(measurement.params.items()) if isinstance(v, (str, int, float)))
     shown = {k: measurement.params[k] for k in keys if k in measurement.params}
     if isinstance(shown.get("bytes"), int):
@@ -70,7 +46,8 @@ def _index(result: Result) -> dict[tuple[str, str, str, str], float]:
     for m in result.measurements:
         identity = _identity(m)
         for metric, value in m.metrics.items():
-            if value is not None and not metric.endswith(("_min", "_max")) and metric not in NOT_COMPARED:
+            declared = metrics.find(m.name, metric)
+            if value is not None and (declared is None or declared.compared):
                 values[(m.name, m.scope, identity, metric)] = float(value)
     return values
 
@@ -83,7 +60,7 @@ def compare(before: Result, after: Result) -> tuple[list[Row], dict[str, int]]:
         name, scope, identity, metric = key
         old, new = a[key], b[key]
         change = (new - old) / abs(old) * 100 if old else (0.0 if new == old else None)
-        sign = direction(metric)
+        sign = metrics.direction(name, metric)
         better = None if sign == 0 or new == old else (new - old) * sign > 0
         rows.append(Row(name, scope, identity, metric, old, new, change, better))
     return rows, {"only_before": len(a.keys() - b.keys()), "only_after": len(b.keys() - a.keys())}

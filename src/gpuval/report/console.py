@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gpuval import metrics
 from gpuval.checks import gap_to_median_pct
 from gpuval.results import Measurement, Result, Status
 from gpuval.units import format_bytes
@@ -74,8 +77,12 @@ def format_bound(threshold: dict) -> str:
 
 
 def print_measurements(bench: str, measurements: list[Measurement], console: Console) -> None:
-    renderer = _RENDERERS.get(bench, _generic)
-    renderer(measurements, console)
+    """`bench`'s measurements, each by the renderer of the view its declaration names (gpuval.metrics)."""
+    by_view: dict[str, list[Measurement]] = defaultdict(list)
+    for m in measurements:
+        by_view[metrics.view(m.name)].append(m)
+    for view, items in by_view.items():
+        _RENDERERS.get(view, _generic)(items, console)
 
 
 def _collectives(measurements: list[Measurement], console: Console) -> None:
@@ -103,19 +110,24 @@ def _collectives(measurements: list[Measurement], console: Console) -> None:
         console.print(table)
 
 
-def _per_gpu(metric_names: list[str], title: str, outlier_metric: str):
-    def render(measurements: list[Measurement], console: Console) -> None:
+def _per_gpu(measurements: list[Measurement], console: Console) -> None:
+    """A row per GPU and a column per declared metric measured; the first plotted metric's slowest GPU."""
+    for title in dict.fromkeys(m.name for m in measurements):
+        decl = metrics.measurement(title)
+        declared = [metric.key for metric in decl.metrics] if decl else []
         rows = [m for m in measurements if m.name == title]
-        metrics = [name for name in metric_names if any(name in m.metrics for m in rows)]
+        shown = [name for name in declared if any(name in m.metrics for m in rows)]
         table = Table(title=title, title_justify="left")
         table.add_column("scope")
-        for name in metrics:
+        for name in shown:
             table.add_column(name, justify="right")
         for m in rows:
             table.add_row(
-                m.scope, *(f"{m.metrics[n]:.4g}" if m.metrics.get(n) is not None else "–" for n in metrics)
+                m.scope, *(f"{m.metrics[n]:.4g}" if m.metrics.get(n) is not None else "–" for n in shown)
             )
         console.print(table)
+        plotted = decl.plotted() if decl else []
+        outlier_metric = plotted[0].key if plotted else ""
         values = [m.metrics[outlier_metric] for m in rows if m.metrics.get(outlier_metric) is not None]
         if len(values) > 1:
             console.print(f"slowest {outlier_metric} is {gap_to_median_pct(values):.1f}% below the median")
@@ -125,8 +137,6 @@ def _per_gpu(metric_names: list[str], title: str, outlier_metric: str):
                 f"best shapes ({best[0].scope}): "
                 + ", ".join(f"{d} {'x'.join(map(str, s))}" for d, s in best[0].params["best_shape"].items())
             )
-
-    return render
 
 
 def _p2p(measurements: list[Measurement], console: Console) -> None:
@@ -159,16 +169,85 @@ def _generic(measurements: list[Measurement], console: Console) -> None:
             m.name,
             m.scope,
             str(m.params),
-            ", ".join(f"{k}={v:.4g}" for k, v in m.metrics.items() if v is not None),
+            ", ".join(
+                f"{k}={v:.4g} {metrics.unit(m.name, k)}".rstrip()
+                for k, v in m.metrics.items()
+                if v is not None
+            ),
         )
     console.print(table)
 
 
+# by the view a measurement's declaration names (gpuval.metrics.VIEWS); any other view: _generic
 _RENDERERS = {
-    "collectives": _collectives,
-    "matmul": _per_gpu(
-        ["bf16_tflops", "fp16_tflops", "fp8_tflops", "tf32_tflops", "fp32_tflops"], "matmul", "bf16_tflops"
-    ),
-    "membw": _per_gpu(["copy_tbps", "read_tbps", "write_tbps", "h2d_gbps", "d2h_gbps"], "membw", "copy_tbps"),
-    "p2p": _p2p,
+    "size_sweep": _collectives,
+    "per_gpu": _per_gpu,
+    "pair_matrix": _p2p,
+    "none": lambda measurements, console: None,  # kept in the JSON only (matmul's whole sweep)
 }
+
+
+if TYPE_CHECKING:  # the compare table only names the type: report.compare stays unimported until used
+    from gpuval.report.compare import Row
+
+
+def print_comparison(
+    rows: list[Row], unmatched: dict[str, int], before: str, after: str, console: Console
+) -> None:
+    """`gpuval compare`: every measurement both runs share (report.compare's rows), side by side, green
+    when it got better and red when worse, then how many of each and how many only one run has."""
+    table = Table(title=escape(f"gpuval compare · {before} → {after}"), title_justify="left")
+    for column in ("measurement", "scope", "which", "metric"):
+        table.add_column(column, overflow="fold")
+    for column in ("before", "after", "change"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        style = {True: "green", False: "red", None: "dim"}[row.better]
+        change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
+        table.add_row(
+            escape(row.name),
+            escape(row.scope),
+            escape(row.identity),
+            escape(row.metric),
+            f"{row.before:.4g}",
+            f"{row.after:.4g}",
+            f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
+        )
+    console.print(table)
+    better = sum(row.better is True for row in rows)
+    worse = sum(row.better is False for row in rows)
+    console.print(
+        f"{len(rows)} shared: {better} better, {worse} worse, {len(rows) - better - worse} "
+        f"unchanged or not judged; {unmatched['only_before']} only before, "
+        f"{unmatched['only_after']} only after"
+    )
+
+
+def print_history(
+    path: Path,
+    listed: list[dict[str, Any]],
+    node: str,
+    series: list[dict[str, Any]],
+    last: int,
+    console: Console,
+) -> None:
+    """`gpuval history`: the runs (history.runs) and the node's trend per check (history.trends)."""
+    table = Table(title=escape(f"gpuval history · {path}"), title_justify="left")
+    for column in ("run", "started", "profile", "verdict", "nodes"):
+        table.add_column(column)
+    for run in listed:
+        table.add_row(*(escape(str(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
+    console.print(table)
+    trend_table = Table(title=escape(f"trends · node {node} · last {last} runs"), title_justify="left")
+    for column in ("check", "scope", "values (oldest → latest)", "median", "latest vs median"):
+        trend_table.add_column(column, overflow="fold")
+    for item in series:
+        change = item["latest_vs_median_pct"]
+        trend_table.add_row(
+            escape(item["name"]),
+            escape(item["scope"]),
+            " ".join(f"{v:.4g}" for v in item["values"]),
+            f"{item['median']:.4g} {item['unit']}".strip(),
+            "" if change is None else f"{change:+.1f} %",
+        )
+    console.print(trend_table)

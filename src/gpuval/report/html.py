@@ -4,6 +4,9 @@ Verdict banner, the checks that did not pass first with their hints, what each n
 by matplotlib as inline SVG (text stays text, drawn in the browser's sans-serif, and searchable): busbw
 against message size per collective with the profile's threshold, per-GPU matmul and HBM bars against
 their median, the P2P bandwidth matrix, and training throughput with MFU.
+
+Which plot a measurement goes to is the view its declaration names, and what is drawn are its metrics
+declared `plot=True`, labelled with their declared description and unit (gpuval.metrics).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gpuval import metrics
 from gpuval.atomic import write_text_atomic
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.report.console import format_bound
 from gpuval.results import Check, Measurement, Result, Status
 from gpuval.units import format_bytes
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv")
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 _COLOURS = {
     Status.PASS: "#1a7f37",
@@ -221,13 +225,20 @@ def _gpu_label(scope: str) -> str:
     return scope.split(":", 1)[-1]
 
 
+def _shown(view: str) -> list[tuple[MeasurementDecl, Metric]]:
+    """(declaration, metric) for every plotted metric of the measurements declared with `view`."""
+    return [(d, m) for d in metrics.declared().values() if d.view == view for m in d.plotted()]
+
+
 def _collectives_plot(result: Result) -> str | None:
+    plotted = {decl.name: metric for decl, metric in _shown("size_sweep")}
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for m in result.measurements:
-        busbw = m.metrics.get("busbw_gbps")
+        metric = plotted.get(m.name)
+        value = m.metrics.get(metric.key) if metric else None
         size = _number(m.params.get("bytes"))
-        if m.name in COLLECTIVES and busbw is not None and size is not None and size >= 1:
-            series[m.name].append((int(size), float(busbw)))
+        if value is not None and size is not None and size >= 1:
+            series[m.name].append((int(size), float(value)))
     if not series:
         return None
     thresholds = _thresholds(result)
@@ -237,7 +248,7 @@ def _collectives_plot(result: Result) -> str | None:
         points.sort()
         colour = f"C{index}"
         axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, color=colour, label=op)
-        bound = _dict(thresholds.get(f"{op}.busbw_gbps"))
+        bound = _dict(thresholds.get(f"{op}.{plotted[op].key}"))
         if _number(bound.get("min")) is not None:
             axes.axhline(bound["min"], color=colour, ls="--", lw=0.8)
             if (_number(bound.get("bytes")) or 0) >= 1:
@@ -247,7 +258,7 @@ def _collectives_plot(result: Result) -> str | None:
     shown = ticks[:: max(1, len(ticks) // 10)]
     axes.set_xticks(shown, [format_bytes(t) for t in shown], rotation=30)
     axes.set_xlabel("message size (per rank)")
-    axes.set_ylabel("busbw (GB/s, nccl-tests' definition)")
+    axes.set_ylabel(" / ".join(sorted({f"{plotted[op].description} ({plotted[op].unit})" for op in series})))
     axes.grid(True, which="major", alpha=0.3)
     axes.legend(title="dashed: profile minimum ▼ at its size", fontsize=8, title_fontsize=8)
     return _svg(figure)
@@ -255,18 +266,15 @@ def _collectives_plot(result: Result) -> str | None:
 
 def _per_gpu_plot(result: Result) -> str | None:
     panels: list[tuple[str, str, str, list[tuple[str, float]]]] = []
-    for name, metric, label in (
-        ("matmul", "bf16_tflops", "matmul bf16 (TFLOP/s)"),
-        ("matmul", "fp8_tflops", "matmul fp8 (TFLOP/s)"),
-        ("membw", "copy_tbps", "HBM copy (TB/s, read + written)"),
-    ):
+    for decl, declared in _shown("per_gpu"):
+        metric = declared.key
         values = [
             (_gpu_label(m.scope), float(m.metrics[metric]))
             for m in result.measurements
-            if m.name == name and m.metrics.get(metric) is not None
+            if m.name == decl.name and m.metrics.get(metric) is not None
         ]
         if values:
-            panels.append((name, metric, label, values))
+            panels.append((decl.name, metric, f"{declared.description} ({declared.unit})", values))
     if not panels:
         return None
     thresholds = _thresholds(result)
@@ -295,11 +303,15 @@ def _per_gpu_plot(result: Result) -> str | None:
 
 
 def _p2p_plot(result: Result) -> str | None:
+    plotted = {decl.name: metric for decl, metric in _shown("pair_matrix")}
     by_node: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
+    units = set()
     for m in result.measurements:
-        copy = m.metrics.get("copy_gbps")
+        metric = plotted.get(m.name)
+        copy = m.metrics.get(metric.key) if metric else None
         src, dst = m.params.get("src"), m.params.get("dst")
-        if m.name == "p2p" and copy is not None and _is_index(src) and _is_index(dst):
+        if metric and copy is not None and _is_index(src) and _is_index(dst):
+            units.add(metric.unit)
             node = re.sub(r"^link:", "", m.scope).split("/", 1)[0]
             by_node[node][(int(src), int(dst))] = float(copy)
     if not by_node:
@@ -326,7 +338,7 @@ def _p2p_plot(result: Result) -> str | None:
         axes.set_xlabel("destination")
         axes.set_ylabel("source")
         axes.set_title(node, fontsize=9)
-        figure.colorbar(image, ax=axes, label="GB/s")
+        figure.colorbar(image, ax=axes, label=" / ".join(sorted(units)))
     return _svg(figure)
 
 
@@ -336,25 +348,28 @@ def _is_index(value: Any) -> bool:
 
 
 def _train_plot(result: Result) -> str | None:
-    runs: list[Measurement] = [
-        m for m in result.measurements if m.name == "train" and m.metrics.get("tokens_per_s_per_gpu")
+    plotted = {decl.name: metric for decl, metric in _shown("throughput")}
+    runs: list[tuple[Measurement, str]] = [
+        (m, plotted[m.name].key)
+        for m in result.measurements
+        if m.name in plotted and m.metrics.get(plotted[m.name].key)
     ]
     if not runs:
         return None
     figure = _figure(7, 3.2)
     axes = figure.subplots()
     labels, values, low, high, mfu = [], [], [], [], []
-    for m in runs:
+    for m, key in runs:
         p = m.params
         labels.append(f"{p.get('model', '?')} {p.get('mode', '')} ×{p.get('world_size', 1)}".strip())
-        value = float(m.metrics["tokens_per_s_per_gpu"])
+        value = float(m.metrics[key])
         values.append(value)
-        low.append(max(0.0, value - float(m.metrics.get("tokens_per_s_per_gpu_min") or value)))
-        high.append(max(0.0, float(m.metrics.get("tokens_per_s_per_gpu_max") or value) - value))
+        low.append(max(0.0, value - float(m.metrics.get(f"{key}_min") or value)))
+        high.append(max(0.0, float(m.metrics.get(f"{key}_max") or value) - value))
         mfu.append(m.metrics.get("mfu_pct"))
     bars = axes.bar(labels, values, yerr=[low, high], capsize=4, color="C2")
     for bar, share in zip(bars, mfu, strict=True):
         text = f"MFU {share:.1f}%" if share is not None else "MFU n/a (CPU)"
         axes.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
-    axes.set_ylabel("tokens/s per GPU (median, min-max)")
+    axes.set_ylabel(" / ".join(sorted({f"{plotted[m.name].description} (median, min-max)" for m, _ in runs})))
     return _svg(figure)

@@ -1,0 +1,111 @@
+"""`gpuval accept`: the profile's benchmarks and checks, and the verdict as the exit code."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpuval import launch
+from gpuval.cli.options import (
+    HistoryOption,
+    JsonResultOption,
+    NprocOption,
+    ProfileOption,
+    ResultDirOption,
+    SetOption,
+    console,
+    exits,
+    is_first_rank,
+    progress,
+    say,
+)
+from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
+
+
+@exits
+def accept(
+    profile: ProfileOption = None,
+    output: ResultDirOption = None,
+    quick: Annotated[bool, typer.Option(help="smaller sweeps, fewer repetitions")] = False,
+    set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    nproc: NprocOption = None,
+    json_: JsonResultOption = False,
+    history: HistoryOption = None,
+) -> int:
+    """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
+    from gpuval.atomic import ensure_writable_dir
+    from gpuval.bench.run import plan_benchmarks
+    from gpuval.config import load_profile, pick_profile
+    from gpuval.discover import local_gpu_names
+    from gpuval.discover.pci import nvidia_gpus
+    from gpuval.health.run import families
+    from gpuval.history import history_path_from, open_history
+
+    name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
+    loaded = load_profile(name, set_)
+    families(loaded)  # an unknown name in health.skip is bad input: said before any rank starts
+    plan = plan_benchmarks(loaded, quick, launch.on_gpu())
+    extra_argv: tuple[str, ...] = ()
+    if output is None:  # one folder for every rank: the parent names it and passes it on
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        output = Path("gpuval-results") / f"accept-{stamp}"
+        extra_argv = ("--output", str(output))
+    history_path = history_path_from(history)
+    if is_first_rank():  # bad input is said before any work or any folder is made
+        if history_path is not None:
+            open_history(history_path)
+        ensure_writable_dir(output)
+
+    def work() -> int:
+        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.report.console import print_result
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        try:
+            if runtime.is_main and not json_:
+                say(
+                    f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
+                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}",
+                    err=True,
+                )
+            if runtime.is_main:
+                with progress() as bar:
+                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
+                    result = run_accept(
+                        runtime,
+                        loaded,
+                        plan,
+                        quick,
+                        lambda b, msg: bar.update(
+                            tasks[b], description=msg, completed=1 if msg == "done" else 0
+                        ),
+                        history=history_path,
+                    )
+            else:
+                result = run_accept(runtime, loaded, plan, quick, history=history_path)
+        finally:
+            runtime.shutdown()
+        if result is None:
+            return EXIT_PASS
+        result = with_drift(result, history_path, loaded.history)
+        # the history record and reports first, result.json last: its verdict is the one we exit with
+        result, paths = write_reports(result, output, history_path)
+        if json_:
+            sys.stdout.write(result.to_json())
+        else:
+            print_result(result, console)
+            say(f"wrote {', '.join(str(p) for p in paths)}")
+        return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
+
+    return launch.run_distributed(
+        nproc,
+        work,
+        extra_argv,
+        gpus_expected=bool(loaded.expect.gpu_count),
+        timeout_s=loaded.runtime.timeout_s,
+    )

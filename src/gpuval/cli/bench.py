@@ -1,0 +1,115 @@
+"""`gpuval bench`: one benchmark alone, its measurements as a table or a `gpuval.bench/v1` document."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gpuval import launch
+from gpuval.cli.options import NprocOption, SetOption, console, exits, is_first_rank, progress
+from gpuval.errors import EXIT_PASS, RunError, UsageError
+
+
+@exits
+def bench(
+    name: Annotated[str | None, typer.Argument(help="benchmark to run; omit to list them")] = None,
+    set_: SetOption = [],  # noqa: B006
+    quick: Annotated[bool, typer.Option(help="smaller sweep")] = False,
+    output: Annotated[Path | None, typer.Option(help="write the measurements as JSON to this file")] = None,
+    nproc: NprocOption = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the JSON to stdout")] = False,
+) -> int:
+    """Run one benchmark alone (`gpuval bench` lists them with their options)."""
+    from gpuval.bench.registry import all_benchmarks, get
+    from gpuval.bench.run import bench_options
+    from gpuval.config import apply_sets
+
+    if name is None:
+        for bench_name, item in sorted(all_benchmarks().items()):
+            console.print(f"[bold]{bench_name}[/]: {item.summary}")
+            for field, info in item.options.model_fields.items():
+                console.print(f"    --set {field}=…  {info.description or ''}")
+        return EXIT_PASS
+    benchmark = get(name)
+    overrides: dict[str, Any] = {}
+    apply_sets(overrides, set_, dotted_maps=())
+    options = bench_options(benchmark.name, overrides, quick, launch.on_gpu())
+    if output is not None and is_first_rank():
+        from gpuval.atomic import ensure_writable_dir
+
+        if output.is_dir():  # said before any work, not after the benchmark ran
+            raise UsageError(
+                f"--output '{output}' is a directory; give a file name, e.g. {output}/bench.json"
+            )
+        ensure_writable_dir(output.parent if str(output.parent) else Path("."))
+
+    def work() -> int:
+        from gpuval.atomic import write_text_atomic
+        from gpuval.bench.run import run_benchmarks
+        from gpuval.discover import node_inventory
+        from gpuval.health.cuda import cpu_rank_problem
+        from gpuval.report.console import print_measurements
+        from gpuval.results import BenchDocument
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime()
+        began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
+        try:
+            if not runtime.on_gpu and (problem := cpu_rank_problem()):
+                raise RunError(f"bench {benchmark.name}: {problem}; gpuval health says why")
+            if runtime.is_main:
+                with progress() as bar:
+                    task = bar.add_task("starting", bench=benchmark.name, total=1)
+                    outcome = run_benchmarks(
+                        runtime,
+                        {benchmark.name: options},
+                        quick,
+                        lambda b, msg: bar.update(task, description=msg),
+                    )
+            else:
+                outcome = run_benchmarks(runtime, {benchmark.name: options}, quick)
+            world = runtime.world_info()
+            # provenance: what ran it (GPUs, driver, NCCL, torch), from the first rank of every node
+            nodes = [
+                n
+                for n in runtime.all_gather_object(
+                    node_inventory(runtime.node_name) if runtime.local_rank == 0 else None
+                )
+                if n is not None
+            ]
+        finally:
+            runtime.shutdown()
+        if not runtime.is_main:
+            return EXIT_PASS
+        status, reason = outcome.not_run.get(benchmark.name, (None, ""))
+        document = BenchDocument.model_validate(
+            {
+                "benchmark": benchmark.name,
+                "started_at": started_at,
+                "duration_s": round(time.perf_counter() - began, 3),
+                "world": world,
+                "status": status.value if status else "OK",
+                "detail": reason,
+                "options": options.model_dump(mode="json"),
+                "command": ["gpuval", *sys.argv[1:]],
+                "inventory": {"nodes": nodes},
+                "measurements": outcome.measurements,
+            }
+        )
+        text = document.to_json()
+        if output is not None:
+            write_text_atomic(output, text)
+        if json_:
+            sys.stdout.write(text)
+        elif outcome.measurements:
+            print_measurements(benchmark.name, outcome.measurements, console)
+        if status is not None:
+            raise RunError(f"{benchmark.name}: {status.value}: {reason}")
+        return EXIT_PASS
+
+    return launch.run_distributed(nproc, work)

@@ -1,0 +1,191 @@
+"""`gpuval finetune`: synthetic data, preparation, LoRA training, evaluation, and all of it in one run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from gpuval import launch
+from gpuval.cli.options import FinetuneNprocOption, SetOption, console, exits, is_first_rank, say
+from gpuval.errors import EXIT_PASS
+
+finetune_app = typer.Typer(
+    no_args_is_help=True,
+    help="Fine-tune for function calling: synthetic data, preparation, LoRA training, evaluation, all of it.",
+)
+
+ConfigOption = Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")]
+
+
+@finetune_app.command("synth")
+@exits
+def finetune_synth(
+    n: Annotated[int, typer.Option("--n", min=1, help="number of records")],
+    output: Annotated[Path, typer.Option(help="file to write (JSONL or a JSON list)")],
+    seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
+    format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
+    values: Annotated[
+        Literal["all", "train", "holdout", "synthetic", "pieces"],
+        typer.Option(
+            help="argument value pools: train and holdout never share a value; synthetic: made-up values, "
+            "never held-out ones; pieces: the same, half the text ones from --tokenizer's word pieces"
+        ),
+    ] = "all",
+    tokenizer: Annotated[
+        str, typer.Option(help="tokenizer folder or name whose word pieces --values pieces uses")
+    ] = "tiny",
+) -> int:
+    """Synthetic function-calling records in Glaive v2's own format, quirks included."""
+    from gpuval.finetune.synth import value_part, write_synth
+
+    path = write_synth(n, output, seed, format_, value_part(values, tokenizer))
+    say(f"wrote {n} records to {path}", err=True)
+    return EXIT_PASS
+
+
+@finetune_app.command("prepare")
+@exits
+def finetune_prepare(
+    input_: Annotated[str, typer.Option("--input", help="Glaive .json/.jsonl file, or a datasets name")],
+    output: Annotated[Path, typer.Option(help="directory for train/eval/eval_unseen.jsonl and stats.json")],
+    eval_fraction: Annotated[float, typer.Option(help="in-distribution eval share of the records")] = 0.02,
+    unseen_fraction: Annotated[
+        float | None, typer.Option(help="most records held out with unseen functions (default: eval share)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the splits")] = 0,
+    json_: Annotated[bool, typer.Option("--json", help="print stats.json to stdout")] = False,
+) -> int:
+    """Glaive records to {"tools", "messages"} JSONL: train, eval and eval_unseen splits; skipped counted."""
+    from gpuval.finetune.data import prepare
+
+    stats = prepare(input_, output, eval_fraction, seed, unseen_fraction)
+    if json_:
+        sys.stdout.write(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+        return EXIT_PASS
+    splits = ", ".join(f"{name} {count}" for name, count in stats["splits"].items())
+    reasons = ", ".join(f"{reason} {count}" for reason, count in stats["skipped_by_reason"].items())
+    say(
+        f"{stats['kept']} of {stats['total']} records kept ({splits}); skipped {stats['skipped']}"
+        + (f" ({reasons})" if reasons else "")
+        + f"; wrote {output}"
+    )
+    return EXIT_PASS
+
+
+@finetune_app.command("train")
+@exits
+def finetune_train(
+    config: ConfigOption,
+    set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
+    resume: Annotated[
+        bool, typer.Option(help="continue from the newest checkpoint in the output folder")
+    ] = False,
+    nproc: FinetuneNprocOption = None,
+) -> int:
+    """LoRA training (DDP, FSDP2 or DeepSpeed; torchrun/srun, or one rank per local GPU) -> OUTPUT/adapter."""
+    return _finetune(config, set_, nproc, data=False, train=True, resume=resume, evaluate=False)
+
+
+@finetune_app.command("eval")
+@exits
+def finetune_eval(
+    config: ConfigOption,
+    set_: SetOption = [],  # noqa: B006
+    adapter: Annotated[
+        Path | None, typer.Option(help="PEFT adapter folder (default: OUTPUT/adapter)")
+    ] = None,
+    nproc: FinetuneNprocOption = None,
+) -> int:
+    """Greedy generation on the eval splits, function-calling scores for the tuned and base model."""
+    return _finetune(
+        config, set_, nproc, data=False, train=False, resume=False, evaluate=True, adapter=adapter
+    )
+
+
+@finetune_app.command("run")
+@exits
+def finetune_run(
+    config: ConfigOption,
+    output: Annotated[Path | None, typer.Option(help="run folder (overrides the config's output)")] = None,
+    set_: SetOption = [],  # noqa: B006
+    nproc: FinetuneNprocOption = None,
+) -> int:
+    """synth (when configured) -> prepare -> train -> eval, end to end; writes OUTPUT/eval.json."""
+    sets = [*set_, f"output={output}"] if output else list(set_)
+    return _finetune(config, sets, nproc, data=True, train=True, resume=False, evaluate=True)
+
+
+def _finetune(
+    config: Path,
+    sets: list[str],
+    nproc: int | None,
+    *,
+    data: bool,
+    train: bool,
+    resume: bool,
+    evaluate: bool,
+    adapter: Path | None = None,
+) -> int:
+    """The fine-tune steps asked for, on every rank of one process group (rank 0 alone makes data)."""
+    from gpuval.finetune.config import load_finetune_config
+
+    cfg = load_finetune_config(config, sets)  # a bad config is exit 2 before any rank starts
+    if is_first_rank():  # every step writes there (data, adapter, eval.json): say it now
+        from gpuval.atomic import ensure_writable_dir
+
+        ensure_writable_dir(Path(cfg.output))
+    # One trainer per output folder: a second one is exit 2. The process that starts the run holds the lock
+    # (gpuval's launcher, not its ranks; rank 0 under torchrun/srun) until the run ends or it dies.
+    from gpuval.runtime import distributed_env
+
+    first = distributed_env()["rank"] == 0  # RANK under torchrun, SLURM_PROCID under srun
+    locked = train and first and launch.EXIT_DIR_VARIABLE not in os.environ
+    if locked:
+        from gpuval.finetune.lock import lock_output
+
+        lock_output(cfg.output)
+
+    def work() -> int:
+        from gpuval.finetune.pipeline import make_data, run_eval
+        from gpuval.finetune.trainer import train as train_lora
+        from gpuval.runtime import init_runtime
+
+        runtime = init_runtime()
+        try:
+            if data:
+                if runtime.is_main:
+                    make_data(cfg)
+                runtime.barrier()
+            if train:
+                summary = train_lora(cfg, runtime, resume=resume)
+                if runtime.is_main:
+                    last = summary["steps"][-1] if summary["steps"] else {}
+                    say(
+                        f"trained {summary['final_step']} steps on {summary['world_size']} rank(s); "
+                        f"final loss {last.get('loss', float('nan')):.4f}; adapter {summary['adapter']}"
+                    )
+            if evaluate:
+                from gpuval.finetune.evaluate import render_table
+
+                document = run_eval(cfg, runtime, adapter)
+                if document is not None:
+                    console.print(render_table(document))
+                    say(f"wrote {Path(cfg.output) / 'eval.json'}")
+        finally:
+            runtime.shutdown()
+        return EXIT_PASS
+
+    # one rank per GPU; one process on a CPU (ranks there would share its few cores)
+    ranks = nproc if nproc is not None else launch.default_nproc(cpu_ranks=1)
+    try:
+        return launch.run_distributed(ranks, work)
+    finally:
+        if locked:
+            from gpuval.finetune.lock import unlock_output
+
+            unlock_output(cfg.output)

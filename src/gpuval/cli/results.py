@@ -1,0 +1,137 @@
+"""Commands on files gpuval wrote: report, compare, history; and what it ships: schema, profiles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from gpuval.cli.options import HistoryOption, console, exits, say
+from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
+
+
+@exits
+def profiles() -> int:
+    """List the built-in profiles."""
+    from gpuval.config import builtin_profiles, load_profile
+
+    for name in builtin_profiles():
+        console.print(f"[bold]{name}[/]: {load_profile(name).description}")
+    return EXIT_PASS
+
+
+@exits
+def report(
+    result: Annotated[Path, typer.Argument(help="a result.json written by gpuval accept")],
+    output: Annotated[
+        Path | None, typer.Option(help="HTML file to write (default: report.html beside the result)")
+    ] = None,
+) -> int:
+    """Render a self-contained HTML report (verdict, problems, nodes, plots) from a result.json."""
+    from gpuval.report.html import write_html
+    from gpuval.results import load_result
+
+    loaded = load_result(result)
+    target = output or result.parent / "report.html"
+    if target.is_dir():
+        raise UsageError(f"--output '{target}' is a directory; give a file name, e.g. {target}/report.html")
+    try:
+        write_html(loaded, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}: choose another --output") from None
+    say(f"wrote {target}")
+    return EXIT_PASS
+
+
+@exits
+def compare(
+    before: Annotated[Path, typer.Argument(help="result.json of the earlier run")],
+    after: Annotated[Path, typer.Argument(help="result.json of the later run")],
+    fail_on_regression: Annotated[
+        float | None,
+        typer.Option(help="exit 1 when any measurement got worse by more than this many percent", min=0),
+    ] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+) -> int:
+    """Every measurement both results share, side by side: absolute and % change, better or worse."""
+    from gpuval.report.compare import compare as compare_results
+    from gpuval.report.compare import regressions, to_json
+    from gpuval.report.console import print_comparison
+    from gpuval.results import load_result
+
+    earlier, later = load_result(before), load_result(after)
+    rows, unmatched = compare_results(earlier, later)
+    if not rows:
+        raise UsageError(
+            f"{before} and {after} share no measurement: compare runs of the same benchmarks and scopes"
+        )
+    worse = regressions(rows, fail_on_regression or 0.0)
+    if json_:
+        sys.stdout.write(to_json(rows, unmatched, worse))
+    else:
+        print_comparison(rows, unmatched, str(before), str(after), console)
+    if fail_on_regression is None:
+        return EXIT_PASS
+    if later.verdict.value == "ERROR" or unmatched["only_before"]:  # a run that lost measurements regressed
+        why = [f"its verdict is {later.verdict.value}"] if later.verdict.value == "ERROR" else []
+        if unmatched["only_before"]:
+            why.append(f"it lost {unmatched['only_before']} measurement(s) that {before} has")
+        say(
+            f"gpuval: {after}: {' and '.join(why)}; find out why with gpuval report {after}",
+            err=True,
+            soft_wrap=True,
+        )
+        return EXIT_FAIL
+    if not worse:
+        return EXIT_PASS
+    first = worse[0]
+    say(
+        f"gpuval: {len(worse)} measurement(s) regressed more than {fail_on_regression:g} %, e.g. "
+        f"{first.name} {first.scope} {first.identity} {first.metric}: {first.before:.4g} → {first.after:.4g}",
+        err=True,
+        soft_wrap=True,
+    )
+    return EXIT_FAIL
+
+
+@exits
+def history_command(
+    history: HistoryOption = None,
+    node: Annotated[str | None, typer.Option(help="node (default: the latest run's)")] = None,
+    last: Annotated[int, typer.Option(help="runs to list and to trend over", min=1)] = 10,
+    json_: Annotated[bool, typer.Option("--json", help="print runs and trends as JSON")] = False,
+) -> int:
+    """Past accept runs of a node and each check's trend: its values, their median, the latest against it."""
+    from gpuval.history import history_path_from, runs, trends
+    from gpuval.report.console import print_history
+
+    path = history_path_from(history)
+    if path is None:
+        raise UsageError("history is off (GPUVAL_HISTORY=none): pass --history PATH")
+    listed = runs(path, node, last)
+    if not listed:
+        raise UsageError(f"no run of node {node} in {path}: `gpuval history --history {path}` lists them")
+    chosen = node or listed[0]["nodes"].split("+")[0]
+    series = trends(path, chosen, last)
+    if json_:
+        sys.stdout.write(json.dumps({"node": chosen, "runs": listed, "trends": series}, indent=2) + "\n")
+    else:
+        print_history(path, listed, chosen, series, last, console)
+    return EXIT_PASS
+
+
+@exits
+def schema(
+    document: Annotated[
+        Literal["result", "bench"],
+        typer.Argument(help="result: accept's and health's result.json; bench: what bench --output writes"),
+    ] = "result",
+) -> int:
+    """Print the JSON Schema of result.json (or, with `bench`, of the file `gpuval bench --output` writes)."""
+    from gpuval.results import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(document), indent=2) + "\n")
+    return EXIT_PASS

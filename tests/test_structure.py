@@ -1,0 +1,221 @@
+"""The shape of src/gpuval: no import cycle between its modules, and no module too long to read.
+
+A cycle makes import order matter (a name used before its module finished loading) and means two modules
+cannot be understood apart; a module past MAX_LINES mixes jobs. A data table (one long literal, read row by
+row) is exempt from the limit when it is named in DATA_TABLES and its docstring says it is one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "gpuval"
+MAX_LINES = 500
+# Modules allowed past MAX_LINES, relative to src/: each must declare itself "a data table" in its docstring.
+DATA_TABLES = {"gpuval/finetune/catalogue_data.py"}
+
+
+def _module_name(path: Path) -> str:
+    """src/gpuval/a/b.py -> gpuval.a.b; a package's __init__.py is the package itself."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted((SRC / PACKAGE).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """`if TYPE_CHECKING:` or `if typing.TYPE_CHECKING:`: imports only a type checker follows."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Every dotted name the module imports, at module level and inside functions, outside
+    `if TYPE_CHECKING:` blocks; `from X import y` gives both X.y and X (resolved by the caller)."""
+    found: list[str] = []
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # the `else:` of TYPE_CHECKING runs
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: `from ..x import y` inside gpuval.a.b -> gpuval.x
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.extend(f"{base}.{alias.name}" if alias.name != "*" else base for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The gpuval module an imported name loads: itself if it is a module, else the nearest enclosing one
+    (`from gpuval.x import y` with y a function is gpuval.x); None outside gpuval."""
+    if name != PACKAGE and not name.startswith(PACKAGE + "."):
+        return None
+    while name not in modules and "." in name:
+        name = name.rpartition(".")[0]
+    return name if name in modules else None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """gpuval module -> the gpuval modules it imports (a module importing itself is left out)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        targets = (
+            _resolve(name, modules) for name in _imported_names(tree, module, path.name == "__init__.py")
+        )
+        graph[module] = {target for target in targets if target is not None and target != module}
+    return graph
+
+
+def _components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _cycle(graph: dict[str, set[str]], component: list[str], start: str) -> list[str]:
+    """The shortest cycle through `start` within its component, as a path that ends where it starts."""
+    members = set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:  # breadth first: the shortest way back to the start
+        node = queue.pop(0)
+        for child in sorted(graph[node] & members):
+            if child == start:
+                return [*paths[node], start]
+            if child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    raise AssertionError(f"no cycle through {start} in {component}")
+
+
+def _loops(graph: dict[str, set[str]], component: list[str]) -> list[list[str]]:
+    """Cycles that together pass through every module of the component: each names a link to cut."""
+    loops: list[list[str]] = []
+    for module in component:
+        if not any(module in loop for loop in loops):
+            loops.append(_cycle(graph, component, module))
+    return loops
+
+
+def test_the_graph_sees_function_level_imports_and_skips_type_checking_ones():
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "import gpuval.a\n"
+        "from . import sibling\n"
+        "from ..b import thing\n"
+        "if TYPE_CHECKING:\n"
+        "    import gpuval.typed_only\n"
+        "else:\n"
+        "    import gpuval.runtime_only\n"
+        "def f():\n"
+        "    from gpuval.late import name\n"
+    )
+    names = _imported_names(tree, "gpuval.pkg.mod", is_package=False)
+    assert names == [
+        "typing.TYPE_CHECKING",
+        "gpuval.a",
+        "gpuval.pkg.sibling",
+        "gpuval.b.thing",
+        "gpuval.runtime_only",
+        "gpuval.late.name",
+    ]
+    modules = {"gpuval": Path(), "gpuval.b": Path(), "gpuval.b.thing": Path()}
+    assert _resolve("gpuval.b.thing", modules) == "gpuval.b.thing"  # a module: itself
+    assert _resolve("gpuval.b.function", modules) == "gpuval.b"  # a name in a module: the module
+    assert _resolve("typing.TYPE_CHECKING", modules) is None
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _components(graph) == [["a", "b", "c"]]
+    assert _loops(graph, ["a", "b", "c"]) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycle_in_src():
+    graph = import_graph()
+    assert "gpuval.nvml" in graph and "gpuval.finetune.catalogue" in graph["gpuval.finetune.synth"]
+    cycles = [" -> ".join(loop) for group in _components(graph) for loop in _loops(graph, group)]
+    assert not cycles, "import cycles (imports inside functions count):\n  " + "\n  ".join(cycles)
+
+
+def test_only_the_nvml_layer_imports_pynvml():
+    """Every NVML call goes through gpuval.nvml, whose queries never raise: a module importing pynvml
+    itself would bring NVML's exceptions back."""
+    importers = []
+    for module, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        names = _imported_names(tree, module, path.name == "__init__.py")
+        if any(name == "pynvml" or name.startswith("pynvml.") for name in names):
+            importers.append(module)
+    assert importers == ["gpuval.nvml"]
+
+
+def test_no_module_over_the_line_limit_except_declared_data_tables():
+    too_long = []
+    for path in sorted(SRC.rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES and relative not in DATA_TABLES:
+            too_long.append(f"{relative}: {lines} lines")
+    assert not too_long, f"modules over {MAX_LINES} lines (split them by job):\n  " + "\n  ".join(too_long)
+
+
+def test_every_declared_data_table_exists_and_says_it_is_one():
+    for relative in sorted(DATA_TABLES):
+        path = SRC / relative
+        assert path.is_file(), f"DATA_TABLES names {relative}, which is not there"
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        assert "a data table" in docstring.lower(), f"{relative}'s docstring does not declare a data table"

@@ -1,0 +1,75 @@
+"""The test tiers (tests/conftest.py): the markers are registered, a mistyped one is an error, and a dist,
+slurm or browser test is slow as well, so `pytest -m "not slow"` leaves it out.
+
+Each case runs pytest in-process (pytester) on a small test file, under this repository's pytest settings
+(pyproject.toml) and conftest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+PYPROJECT = TESTS.parent / "pyproject.toml"
+
+TIERS = """
+import pytest
+
+def test_quick():
+    pass
+
+@pytest.mark.slow
+def test_slow():
+    pass
+
+@pytest.mark.dist
+def test_dist():
+    pass
+
+@pytest.mark.slurm
+def test_slurm():
+    pass
+
+@pytest.mark.browser
+def test_browser():
+    pass
+"""
+
+
+def _pytest(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_inner=source)
+    settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]
+    # hypothesis' plugin would import hypothesis afresh in every inner run (pytester restores sys.modules)
+    return pytester.runpytest_inprocess(*settings, "-p", "no:hypothesispytest", *args, "test_inner.py")
+
+
+def test_the_tier_markers_are_registered(pytestconfig):
+    registered = {line.split(":", 1)[0].strip() for line in pytestconfig.getini("markers")}
+    assert {"slow", "dist", "slurm", "browser"} <= registered
+
+
+def test_a_mistyped_marker_is_a_collection_error(pytester):
+    result = _pytest(pytester, "import pytest\n\n@pytest.mark.dsit\ndef test_x():\n    pass\n")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*'dsit' not found in `markers` configuration option*"])
+
+
+def test_not_slow_leaves_out_dist_slurm_and_browser_tests(pytester):
+    _pytest(pytester, TIERS, "-m", "not slow").assert_outcomes(passed=1, deselected=4)
+
+
+@pytest.mark.parametrize("tier", ["slow", "dist", "slurm", "browser"])
+def test_each_tier_selects_its_own_tests(pytester, tier):
+    # slow takes the dist, slurm and browser tests too; each of those only itself
+    expected = 4 if tier == "slow" else 1
+    _pytest(pytester, TIERS, "-m", tier).assert_outcomes(passed=expected, deselected=5 - expected)
+
+
+def test_a_module_level_mark_reaches_every_test(pytester):
+    source = (
+        "import pytest\npytestmark = pytest.mark.dist\ndef test_a():\n    pass\ndef test_b():\n    pass\n"
+    )
+    _pytest(pytester, source, "-m", "not slow").assert_outcomes(deselected=2)
