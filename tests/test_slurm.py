@@ -210,3 +210,33 @@ def test_a_checker_that_cannot_start_never_drains(slurm, tmp_path):
         assert "DRAIN" not in _node(slurm, "node1")
     finally:
         _run(["scontrol", "update", "NodeName=node1", "State=RESUME"], slurm, tmp_path, timeout=30)
+
+
+def test_a_node_gpuval_drained_is_resumed_once_healthy_and_one_drained_by_others_stays(slurm, tmp_path):
+    """As HealthCheckProgram runs it (outside any job, so a drained node is still checked): FAIL drains
+    node1; the next PASS resumes it. node2, drained by an operator, stays drained through a PASS."""
+    check = str(SLURM / "healthcheck.sh")
+    on = {name: {**slurm, "SLURMD_NODENAME": name, "GPUVAL_PROFILE": "cpu"} for name in ("node1", "node2")}
+    try:
+        failing = {**on["node1"], "GPUVAL_HEALTH_ARGS": "--set expect.gpu_count=8"}
+        proc = _run([check], failing, tmp_path, timeout=180)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "DRAIN" in _node(slurm, "node1")
+
+        proc = _run([check], on["node1"], tmp_path, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        said = "node1 resumed: health passes (it was drained for 'gpuval: expect.gpu_count (node:node1)')"
+        assert said in proc.stderr, proc.stderr
+        node1 = _node(slurm, "node1")
+        assert "DRAIN" not in node1 and "Reason=" not in node1, node1
+
+        drain = ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=maintenance"]
+        _run(drain, slurm, tmp_path, timeout=30)
+        proc = _run([check], on["node2"], tmp_path, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "resumed" not in proc.stderr
+        node2 = _node(slurm, "node2")
+        assert "DRAIN" in node2 and "Reason=maintenance" in node2, node2
+    finally:
+        for name in ("node1", "node2"):
+            _run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], slurm, tmp_path, timeout=30)

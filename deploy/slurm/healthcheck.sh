@@ -7,7 +7,8 @@
 # Runs `gpuval health` on this node. FAIL (exit 1): drains the node with
 # `scontrol update NodeName=<node> State=DRAIN Reason="gpuval: <check> ..."` and exits 1 (a Prolog that
 # fails keeps the job off the node; HealthCheckProgram's exit code is ignored, hence the explicit drain).
-# PASS: exit 0. ERROR or a usage error (exit 3 or 2: the checker itself is broken, e.g. a bad profile or no
+# PASS: exit 0, and a node this script drained earlier (Reason begins "gpuval:") is resumed; a node
+# drained for any other reason stays drained. ERROR or a usage error (exit 3 or 2: the checker itself is broken, e.g. a bad profile or no
 # Python): the node is left alone and the script exits 0 — a broken checker must not drain a good node.
 # A profile is required (GPUVAL_PROFILE, or --profile in GPUVAL_HEALTH_ARGS): without one the node is drained
 # with Reason="gpuval: health check has no profile configured" and the script exits 1, before gpuval runs.
@@ -51,7 +52,17 @@ rc=$?
 [ "$rc" -eq 1 ] && [ ! -s "$work/health/result.json" ] && rc=3
 [ -n "$keep" ] && mkdir -p "$keep" && cp -r "$work"/. "$keep"/ 2>/dev/null
 case $rc in
-0) exit 0 ;;
+0)
+  # Healthy again: a node this script drained (its Reason begins "gpuval:") is resumed, as NHC resumes
+  # what NHC drained. A node drained by anyone else (maintenance, another checker) is left drained.
+  state=$(scontrol show node "$node" 2>/dev/null)
+  if [[ "$state" == *State=*DRAIN* && "$state" == *"Reason=gpuval:"* ]]; then
+    reason=$(sed -n 's/.*Reason=\(gpuval:[^[]*\).*/\1/p' <<<"$state" | head -n 1)
+    scontrol update NodeName="$node" State=RESUME
+    echo "gpuval healthcheck: $node resumed: health passes (it was drained for '${reason% }')" >&2
+  fi
+  exit 0
+  ;;
 1)
   # The failed checks, as "name (scope)", joined: the reason `sinfo -R` shows (Slurm keeps it short).
   reason=$("$python" - "$work/health/result.json" <<'PY'
