@@ -182,13 +182,21 @@ def test_help_lists_every_command_group(gpuval, tmp_path):
     proc = gpuval(["--help"], tmp_path, env=cli_env(COLUMNS="250"))
     assert proc.returncode == 0, proc.stderr
     listed = [line.strip("│ ").split()[0] for line in proc.stdout.splitlines() if line.startswith("│ ")]
-    assert [name for name in listed if name != "--help"] == [
+    assert [name for name in listed if name not in ("--help", "--version")] == [
         "accept", "bench", "discover", "health", "monitor", "profiles", "report", "compare", "history",
         "schema", "finetune",
     ], proc.stdout  # fmt: skip
     proc = gpuval(["finetune", "--help"], tmp_path, env=cli_env(COLUMNS="250"))
     for name in ("synth", "prepare", "train", "eval", "run"):
         assert f"│ {name} " in proc.stdout, proc.stdout
+
+
+def test_version_prints_the_installed_packages_version(gpuval, tmp_path):
+    from importlib.metadata import version
+
+    proc = gpuval(["--version"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"gpuval {version('gpuval')}"
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from types import FrameType
+from typing import Annotated
 
 import typer
 
@@ -23,6 +24,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Validate NVIDIA GPU nodes and clusters: benchmarks and an acceptance verdict.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("gpuval")  # the installed distribution's, as pip shows it
+        except PackageNotFoundError:  # run from a source tree (PYTHONPATH=src)
+            from gpuval import __version__ as found
+        typer.echo(f"gpuval {found}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="print gpuval's version and exit"),
+    ] = False,
+) -> None:
+    """Validate NVIDIA GPU nodes and clusters: benchmarks and an acceptance verdict."""
+
+
 # registered here, in the order `gpuval --help` lists them
 app.command()(accept.accept)
 app.command()(bench.bench)
