@@ -202,7 +202,12 @@ def test_version_prints_the_installed_packages_version(gpuval, tmp_path):
 @pytest.mark.parametrize(
     ("args", "code", "status"),
     [
-        (["collectives", "--set", "max_bytes=65536", "--set", "ops=[all_reduce]", "--nproc", "2"], 0, "OK"),
+        # accept's path for an option and the short form, side by side
+        (
+            ["collectives", "--set", "benchmarks.collectives.max_bytes=65536", "--set", "ops=[all_reduce]"],
+            0,
+            "OK",
+        ),
         (["p2p", "--nproc", "1"], 3, "SKIP"),  # no GPU here: the document still says why
     ],
     ids=["ran", "skipped"],
@@ -226,6 +231,13 @@ def test_bench_output_validates_against_the_bench_schema(gpuval, tmp_path, args,
     ]  # fmt: skip
     assert BenchDocument.model_validate(document).benchmark == args[0]
     assert bool(document["measurements"]) == (status == "OK")
+    if status == "OK":
+        assert document["options"]["max_bytes"] == 65536 and document["options"]["ops"] == ["all_reduce"]
+
+
+def test_bench_refuses_another_benchmarks_accept_path(gpuval, assert_usage_error, tmp_path):
+    proc = gpuval(["bench", "matmul", "--set", "benchmarks.membw.device_bytes=1024"], tmp_path)
+    assert_usage_error(proc, "this runs benchmark 'matmul'", "benchmarks.matmul.KEY=VALUE")
 
 
 def test_profiles_command_lists_the_builtins(gpuval, tmp_path):

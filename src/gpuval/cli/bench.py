@@ -37,7 +37,7 @@ def bench(
         return EXIT_PASS
     benchmark = get(name)
     overrides: dict[str, Any] = {}
-    apply_sets(overrides, set_, dotted_maps=())
+    apply_sets(overrides, [_own_path(assignment, benchmark.name) for assignment in set_], dotted_maps=())
     options = bench_options(benchmark.name, overrides, quick, launch.on_gpu())
     if output is not None and is_first_rank():
         from gpuval.atomic import ensure_writable_dir
@@ -113,3 +113,17 @@ def bench(
         return EXIT_PASS
 
     return launch.run_distributed(nproc, work)
+
+
+def _own_path(assignment: str, name: str) -> str:
+    """`--set` as accept takes it (`benchmarks.NAME.key=value`) or short (`key=value`): the short form."""
+    key = assignment.partition("=")[0].strip()
+    if not key.startswith("benchmarks."):
+        return assignment
+    prefix = f"benchmarks.{name}."
+    if key.startswith(prefix):
+        return assignment.strip()[len(prefix) :]
+    raise UsageError(
+        f"--set '{assignment}': this runs benchmark '{name}'; set its options as "
+        f"{prefix}KEY=VALUE or KEY=VALUE"
+    )
