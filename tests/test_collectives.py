@@ -371,3 +371,41 @@ def test_world_scope_after_node_groups(split4):
         assert m.params["bytes_exact"] == EXACT_4[m.params["bytes"]]
         assert m.metrics["wrong_elements"] == 0
         _assert_bandwidths(m, 1.5)
+
+
+def test_the_table_has_nccl_tests_columns_and_its_average_bus_bandwidth_line():
+    """What an nccl-tests user reads: count, type, redop, root, the placement, `# Avg bus bandwidth` as the
+    plain mean over the sweep's sizes (here (10 + 20 + 60) / 3 = 30.00) and the out-of-bounds count."""
+    from rich.console import Console
+
+    from gpuval.report.console import print_measurements
+    from gpuval.results import Measurement
+
+    def row(size: int, busbw: float) -> Measurement:
+        params = {"bytes": size, "count": size // 4, "dtype": "float32", "redop": "sum", "root": -1}
+        params |= {"in_place": True, "ranks": 2}
+        metrics = {"time_us": 5.0, "time_us_min": 4.0, "time_us_max": 6.0, "algbw_gbps": busbw / 2}
+        metrics |= {"busbw_gbps": busbw, "wrong_elements": 0.0}
+        return Measurement(name="all_reduce", scope="world", params=params, metrics=metrics, samples=3)
+
+    console = Console(record=True, width=200)
+    print_measurements("collectives", [row(4096, 60.0), row(1024, 10.0), row(2048, 20.0)], console)
+    text = console.export_text()
+    assert "all_reduce · world · 2 ranks · in-place" in text
+    header = next(line for line in text.splitlines() if "redop" in line)
+    assert [word for word in ("size", "count", "type", "redop", "root") if word in header] == [
+        "size", "count", "type", "redop", "root",
+    ]  # fmt: skip
+    first = next(line for line in text.splitlines() if "1.0 KiB" in line or "1 KiB" in line)
+    assert " 256 " in first and " float " in first and " sum " in first and " -1 " in first
+    assert "# Out of bounds values : 0 OK" in text
+    assert "# Avg bus bandwidth    : 30.00 GB/s" in text
+
+
+def test_measurements_carry_nccl_tests_redop_and_root():
+    from gpuval.bench.collectives import OPS
+
+    assert {name: (op.redop, op.root) for name, op in OPS.items()} == {
+        "all_reduce": ("sum", -1), "all_gather": ("none", -1), "reduce_scatter": ("sum", -1),
+        "alltoall": ("none", -1), "broadcast": ("none", 0), "sendrecv": ("none", -1),
+    }  # fmt: skip

@@ -54,6 +54,8 @@ class CollectiveOp:
     call: Callable[[Call], None]
     expected: Callable[[Call], Any]  # tensor this rank must hold in `output` afterwards
     in_place: bool = False  # output is the input buffer
+    redop: str = "none"  # the reduction, as nccl-tests' redop column ('sum' for the reducing ops)
+    root: int = -1  # the root rank of a rooted op (broadcast), -1 for the others, as nccl-tests prints
 
 
 def _dist():
@@ -129,6 +131,7 @@ OPS: dict[str, CollectiveOp] = {
             call=_all_reduce,
             expected=lambda c: _sum_over_ranks(c, 0, c.count),
             in_place=True,
+            redop="sum",
         ),
         # all_gather: S = whole output (n x per-rank input); busbw = algbw * (n-1)/n
         CollectiveOp(
@@ -145,6 +148,7 @@ OPS: dict[str, CollectiveOp] = {
             busbw_factor=lambda n: (n - 1) / n,
             call=_reduce_scatter,
             expected=lambda c: _sum_over_ranks(c, c.rank * (c.count // c.n), c.count // c.n),
+            redop="sum",
         ),
         # alltoall: S = per-rank send buffer; busbw = algbw * (n-1)/n
         CollectiveOp(
@@ -164,6 +168,7 @@ OPS: dict[str, CollectiveOp] = {
             call=_broadcast,
             expected=lambda c: c.pattern(0, 0, c.count),
             in_place=True,
+            root=0,
         ),
         # sendrecv: S = buffer; busbw = algbw
         CollectiveOp(
@@ -363,7 +368,11 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
                     params={
                         "bytes": size,
                         "bytes_exact": exact_bytes,
+                        "count": count,  # elements, as nccl-tests' count column
                         "dtype": options.dtype,
+                        "redop": op.redop,
+                        "root": op.root,
+                        "in_place": op.in_place,
                         "ranks": n,
                         "iters": options.iters,
                         "cuda_graph": graph is not None,

@@ -86,21 +86,30 @@ def print_measurements(bench: str, measurements: list[Measurement], console: Con
 
 
 def _collectives(measurements: list[Measurement], console: Console) -> None:
+    """nccl-tests' table: size, count, type, redop, root, then time, algbw, busbw and #wrong under the
+    placement measured (out-of-place or in-place), and its `# Avg bus bandwidth` line under each op."""
     by_op: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
     for m in measurements:
         by_op[(m.name, m.scope)].append(m)
     for (op, scope), items in by_op.items():
-        ranks = items[0].params.get("ranks")
-        table = Table(
-            title=f"{op} · {scope} · {ranks} ranks · {items[0].params.get('dtype')}", title_justify="left"
-        )
-        for column in ("size", "time (us)", "spread (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+        first = items[0].params
+        placement = "in-place" if first.get("in_place") else "out-of-place"
+        title = f"{op} · {scope} · {first.get('ranks')} ranks · {placement}"
+        table = Table(title=title, title_justify="left")
+        for column in ("size", "count", "type", "redop", "root"):
             table.add_column(column, justify="right")
-        for m in sorted(items, key=lambda m: m.params["bytes"]):
-            x = m.metrics
+        for column in ("time (us)", "spread (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"):
+            table.add_column(column, justify="right", header_style="bold")
+        rows = sorted(items, key=lambda m: m.params["bytes"])
+        for m in rows:
+            x, p = m.metrics, m.params
             wrong = int(x.get("wrong_elements") or 0)
             table.add_row(
-                format_bytes(m.params["bytes"]),
+                format_bytes(p["bytes"]),
+                str(p.get("count", "")),
+                _NCCL_TYPES.get(str(p.get("dtype")), str(p.get("dtype"))),
+                str(p.get("redop", "")),
+                str(p.get("root", "")),
                 f"{x['time_us']:.1f}",
                 f"{x['time_us_min']:.1f}–{x['time_us_max']:.1f}",
                 f"{x['algbw_gbps']:.2f}",
@@ -108,6 +117,15 @@ def _collectives(measurements: list[Measurement], console: Console) -> None:
                 f"[bold red]{wrong}[/]" if wrong else "0",
             )
         console.print(table)
+        # nccl-tests' summary: the plain mean of busbw over every size of the sweep
+        average = sum(m.metrics["busbw_gbps"] for m in rows) / len(rows)
+        wrong = sum(int(m.metrics.get("wrong_elements") or 0) for m in rows)
+        console.print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}", highlight=False)
+        console.print(f"# Avg bus bandwidth    : {average:.2f} GB/s", highlight=False)
+
+
+# torch dtype -> the type name nccl-tests prints
+_NCCL_TYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
 
 
 def _per_gpu(measurements: list[Measurement], console: Console) -> None:
