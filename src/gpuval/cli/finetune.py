@@ -189,3 +189,31 @@ def _finetune(
             from gpuval.finetune.lock import unlock_output
 
             unlock_output(cfg.output)
+
+
+@finetune_app.command("export")
+@exits
+def finetune_export(
+    source: Annotated[
+        Path, typer.Argument(metavar="OUTPUT", help="fine-tune run folder, or an adapter folder")
+    ],
+    target: Annotated[Path, typer.Argument(metavar="DIR", help="new folder to write")],
+    merge: Annotated[
+        bool, typer.Option("--merge", help="merge the adapter into its base: one plain model folder")
+    ] = False,
+    dtype: Annotated[
+        Literal["bfloat16", "float32"], typer.Option(help="weight dtype of the merged model")
+    ] = "bfloat16",
+    base: Annotated[
+        str | None, typer.Option(help="base model (default: the adapter's base_model_name_or_path)")
+    ] = None,
+) -> int:
+    """A servable folder: the adapter with its tokenizer and tool chat template, or the merged model."""
+    from gpuval.finetune.export import export
+
+    adapter, base_model = export(source, target, merge=merge, dtype=dtype, base=base)
+    what = f"adapter '{adapter}'"
+    if merge:
+        what = f"merged model ({dtype}) of adapter '{adapter}' on '{base_model}'"
+    say(f"wrote {what} to {target}, with the tokenizer and its tool chat template")
+    return EXIT_PASS

@@ -4,6 +4,10 @@ A checkpoint is a folder `OUTPUT/checkpoints/step-NNNNNNNN` holding the adapter 
 optimizer and scheduler state (how depends on `train.parallel`: parallel.py), every rank's RNG state as
 JSON and the data position. Nothing in it is unpickled when resuming, and a save is atomic: written into a
 temp folder, flushed, then renamed into place.
+
+Every adapter folder gpuval writes (`OUTPUT/adapter` and each checkpoint's) also holds the tokenizer and, as
+its chat template, the template training rendered with (save_tokenizer): a server reading that folder
+shows the model its tools as training did.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from gpuval.atomic import fsync_dir, fsync_tree
 from gpuval.errors import UsageError
+from gpuval.finetune.template import chat_template_for
 from gpuval.runtime import Runtime
 
 CHECKPOINTS = "checkpoints"
@@ -72,12 +77,14 @@ def save_checkpoint(
     parallel: Any,
     runtime: Runtime,
     keep_last: int,
+    tokenizer: Any = None,
 ) -> Path:
     """Adapter (PEFT format), optimizer, scheduler, every rank's RNG state and the data position, into a
     temp folder renamed into place once complete and flushed to disk (every file and folder fsynced before
     the rename, the parent after), so neither a kill nor a power cut mid-save leaves a checkpoint that looks
     whole. No file of it needs unpickling to resume (load_checkpoint). What holds the optimizer state
-    depends on `train.parallel` (parallel.py: save_state)."""
+    depends on `train.parallel` (parallel.py: save_state). `tokenizer`: saved beside the adapter
+    (save_tokenizer), so a checkpoint's adapter can be served as it is."""
     root = output / CHECKPOINTS
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
     temp = root / f".tmp-{CHECKPOINT_PREFIX}{step:08d}"
@@ -89,6 +96,8 @@ def save_checkpoint(
         (temp / STATE_JSON).write_text(json.dumps(meta) + "\n", encoding="utf-8")
     runtime.barrier()
     parallel.save_state(temp, FINAL_ADAPTER)  # a collective
+    if runtime.is_main and tokenizer is not None:
+        save_tokenizer(tokenizer, temp / FINAL_ADAPTER)
     rng_file = temp / RNG_JSON.format(rank=runtime.rank)  # dropout draws differ per rank
     rng_file.write_text(json.dumps(_rng_state()) + "\n", encoding="utf-8")
     fsync_tree(temp)  # every rank: under DeepSpeed each writes files of its own
@@ -216,12 +225,31 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         numpy.random.set_state(numpy_state)
 
 
-def save_adapter_atomic(peft_model: Any, weights: dict[str, torch.Tensor], target: Path) -> None:
+def save_adapter_atomic(
+    peft_model: Any, weights: dict[str, torch.Tensor], target: Path, tokenizer: Any = None
+) -> None:
+    """The adapter (PEFT format) and, when given, the tokenizer with training's chat template
+    (save_tokenizer), into a temp folder flushed and then renamed to `target`."""
     temp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(temp, ignore_errors=True)
     peft_model.save_pretrained(temp, state_dict=weights)
+    if tokenizer is not None:
+        save_tokenizer(tokenizer, temp)
     fsync_tree(temp)
     if target.exists():
         shutil.rmtree(target)
     os.replace(temp, target)
     fsync_dir(target.parent)
+
+
+def save_tokenizer(tokenizer: Any, folder: Path) -> None:
+    """The tokenizer's files, with the chat template training rendered with (template.chat_template_for) as
+    the template they carry (transformers 5 writes it as chat_template.jinja). Qwen2-7B-Instruct's own
+    template drops `tools`: served with it, the model would never see the tool list it was trained to read.
+    The tokenizer itself is left as it was."""
+    own = tokenizer.chat_template
+    tokenizer.chat_template = chat_template_for(tokenizer)
+    try:
+        tokenizer.save_pretrained(folder)
+    finally:
+        tokenizer.chat_template = own

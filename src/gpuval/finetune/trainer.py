@@ -271,7 +271,7 @@ def train(
                 + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
             )
         if t.save_every_steps and step % t.save_every_steps == 0:
-            save_checkpoint(output, step, step * global_batch, parallel, runtime, t.keep_last)
+            save_checkpoint(output, step, step * global_batch, parallel, runtime, t.keep_last, tokenizer)
 
     if writer is not None:
         writer.close()
@@ -280,9 +280,9 @@ def train(
         adapter_dir = output / FINAL_ADAPTER
         weights = parallel.adapter_state()  # a collective: every rank takes part
         if runtime.is_main:
-            save_adapter_atomic(parallel.peft_model, weights, adapter_dir)
+            save_adapter_atomic(parallel.peft_model, weights, adapter_dir, tokenizer)  # servable as it is
         runtime.barrier()
-        log(f"adapter saved to {adapter_dir} (PEFT format)")
+        log(f"adapter saved to {adapter_dir} (PEFT format, with the tokenizer and its tool chat template)")
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
     fused_loss = loss_head.fused is not None
