@@ -52,14 +52,21 @@ def test_synth_prepare_train_then_resume(tmp_path, gpuval):
 def test_shipped_configs_load_and_bad_ones_are_one_line(tmp_path, gpuval):
     from gpuval.finetune.config import load_finetune_config
 
-    for name in ("tiny-cpu.yaml", "qwen2-7b-lora.yaml"):
+    for name in ("tiny-cpu.yaml", "qwen2-7b-lora.yaml", "qwen2-7b-lora-seeds.yaml"):
         cfg = load_finetune_config(CONFIG.parent / name)
         assert cfg.lora.rank in (16, 64)
-    recipe = load_finetune_config(CONFIG.parent / "qwen2-7b-lora.yaml")  # the seeds' recipe, as issue 4 says
-    assert (recipe.lora.rank, recipe.lora.alpha, recipe.lora.dropout) == (64, 128.0, 0.05)
-    assert recipe.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
-    assert (recipe.train.lr, recipe.train.micro_batch_size, recipe.train.grad_accum_steps) == (2e-5, 2, 4)
-    assert recipe.data.max_seq_len == 4096 and recipe.dtype == "bfloat16"
+    # gpuval's recipe and the seeds' exact one: the seeds' hyperparameters in both, as issue 4 says
+    recipe = load_finetune_config(CONFIG.parent / "qwen2-7b-lora.yaml")
+    seeds = load_finetune_config(CONFIG.parent / "qwen2-7b-lora-seeds.yaml")
+    for cfg in (recipe, seeds):
+        assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout) == (64, 128.0, 0.05)
+        assert cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+        assert (cfg.train.lr, cfg.train.micro_batch_size, cfg.train.grad_accum_steps) == (2e-5, 2, 4)
+        assert cfg.data.max_seq_len == 4096 and cfg.dtype == "bfloat16"
+    # fast by default (issue 23): the step chosen for the GPU at hand; the seeds' step kept as it was
+    assert (recipe.train.activation_checkpointing, recipe.train.compile) == ("auto", "auto")
+    step = seeds.train
+    assert (step.activation_checkpointing, step.compile, step.kernels) == (True, False, "torch")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "trian": {}}))
     proc = gpuval(["finetune", "train", "--config", str(bad)], tmp_path)

@@ -95,7 +95,11 @@ class TrainSettings(_Strict):
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm (L2); 0 turns clipping off")
     seed: StrictInt = Field(0, description="seeds LoRA init, data order and dropout")
-    activation_checkpointing: bool = Field(False, description="recompute activations in backward")
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="recompute activations in backward; auto: only when the step would not fit the GPU "
+        "without it (finetune/memory.py), never on a CPU",
+    )
     save_every_steps: StrictInt = Field(0, ge=0, description="checkpoint period in steps; 0: none")
     keep_last: StrictInt = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
     log_every_steps: StrictInt = Field(1, ge=1, description="print a progress line every N steps")
@@ -119,7 +123,9 @@ class TrainSettings(_Strict):
         description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and fused linear+cross-entropy (ddp); "
         "liger-loss: the fused loss alone; torch: transformers' own; auto: liger on a GPU when installed",
     )
-    compile: bool = Field(False, description="torch.compile every decoder layer (GPU)")
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,

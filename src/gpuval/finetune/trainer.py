@@ -53,6 +53,7 @@ from gpuval.finetune.kernels import (
     resolve_row_kernel,
     use_varlen_attention,
 )
+from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
 from gpuval.finetune.packing import collate, pack_with_stats, packs_s_eff
 from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
@@ -107,7 +108,10 @@ def train(
         deepspeed_config(cfg, world, dtype, runtime.on_gpu)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
-    kernels = resolve_kernels(t.kernels, runtime.on_gpu, t.compile)
+    compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
+    kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled)
+    # The fused loss takes the output head out of the model; only where the head is whole on every rank.
+    fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
     model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
     if kernels == "liger":
@@ -127,13 +131,13 @@ def train(
         cfg.lora.target_modules,
         token_ids(tokenizer, cfg.lora.trainable_tokens),
     )
-    if t.activation_checkpointing:
+    checkpointing, checkpointing_why = _checkpointing(cfg, model, runtime, dtype, fusable)
+    log(f"activation checkpointing: {'on' if checkpointing else 'off'} ({checkpointing_why})")
+    if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
-    # The fused loss takes the output head out of the model; only where the head is whole on every rank.
-    fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
-    if t.compile:  # per decoder layer, before FSDP wraps them (as torchtitan does)
+    if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in decoder_layers(model):
             layer.compile()
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -184,7 +188,7 @@ def train(
             batches = [
                 flatten_for_varlen(
                     collate(mb, pad_id, cfg.data.max_seq_len, with_mask=False),
-                    max_length=cfg.data.max_seq_len if t.compile else None,
+                    max_length=cfg.data.max_seq_len if compiled else None,
                     whole_rows=row_kernel != "varlen",
                 )
                 for mb in micro_batches
@@ -303,8 +307,8 @@ def train(
         "row_kernel": row_kernel,
         "kernels": kernels,
         "fused_loss": fused_loss,
-        "activation_checkpointing": t.activation_checkpointing,
-        "compile": t.compile,
+        "activation_checkpointing": checkpointing,
+        "compile": compiled,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -373,3 +377,26 @@ def _tensorboard(output: Path) -> Any:
 
 def _quiet(*_args: Any, **_kwargs: Any) -> None:
     pass
+
+
+def _checkpointing(
+    cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool
+) -> tuple[bool, str]:
+    """Whether to recompute activations, and why: the config's choice, or for `auto` the step's memory
+    estimate (finetune/memory.py) against this GPU's."""
+    t = cfg.train
+    if t.activation_checkpointing != "auto" or not runtime.on_gpu:
+        return choose_checkpointing(t.activation_checkpointing, None, None)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    estimate = estimate_step_memory(
+        model.config,
+        base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
+        trainable_parameters=trainable,
+        tokens_per_micro_batch=t.micro_batch_size * cfg.data.max_seq_len,
+        dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
+        fused_loss=fused,
+        weight_shards=runtime.world_size if t.parallel in ("fsdp", "deepspeed") else 1,
+    )
+    return choose_checkpointing(
+        "auto", estimate, torch.cuda.get_device_properties(runtime.device).total_memory
+    )

@@ -1,0 +1,82 @@
+"""How much GPU memory a LoRA training step needs without activation checkpointing, to choose it.
+
+`train.activation_checkpointing: auto` keeps activations (the fast path: no recomputation in backward)
+when the step's estimate fits the GPU with a margin, and recomputes them otherwise. The estimate and the
+figure it was checked against are in docs/finetune-memory.md; in short, per rank:
+
+- frozen base weights in the training dtype (sharded over the ranks under FSDP/ZeRO-3);
+- LoRA weights in float32 with their gradients and AdamW's two moments: 16 bytes per trainable parameter;
+- saved activations per token per decoder layer, in the training dtype: about 12 hidden-size vectors
+  (layer inputs, norms, q/k/v/attention output with LoRA dropout copies, residuals), two key/value-size
+  vectors and 3 intermediate-size vectors (SwiGLU's gate, up and their product);
+- the logits when the loss is not fused: the output in the training dtype, its float32 copy in the
+  cross-entropy and the float32 gradient (10 bytes per token per vocabulary entry in bf16).
+
+It deliberately overestimates (it counts what compiled layers fuse away), so `auto` errs towards
+recomputing, which is slower but never runs out of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+MARGIN = 0.9  # the share of the GPU's memory the estimate may take (allocator slack, CUDA context, NCCL)
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    weights: int
+    trainable: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.trainable + self.activations + self.logits
+
+
+def estimate_step_memory(
+    config: Any,
+    base_parameters: int,
+    trainable_parameters: int,
+    tokens_per_micro_batch: int,
+    dtype_bytes: int,
+    fused_loss: bool,
+    weight_shards: int = 1,
+) -> StepMemory:
+    """The peak of one rank's step without activation checkpointing. `config`: the model's (hidden_size,
+    intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size);
+    `weight_shards`: ranks the frozen weights are split over (FSDP, ZeRO-3), 1 under DDP."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    kv = hidden // config.num_attention_heads * config.num_key_value_heads
+    per_token_layer = (12 * hidden + 2 * kv + 3 * inter) * dtype_bytes
+    activations = per_token_layer * tokens_per_micro_batch * config.num_hidden_layers
+    logits = 0 if fused_loss else tokens_per_micro_batch * config.vocab_size * (dtype_bytes + 4 + 4)
+    return StepMemory(
+        weights=base_parameters * dtype_bytes // max(1, weight_shards),
+        trainable=trainable_parameters * 16,
+        activations=activations,
+        logits=logits,
+    )
+
+
+def choose_checkpointing(
+    setting: bool | str, estimate: StepMemory | None, gpu_bytes: int | None
+) -> tuple[bool, str]:
+    """(checkpointing on?, the reason for the log). An explicit true/false is kept; `auto` recomputes only
+    when the estimate does not fit MARGIN of the GPU's memory, and never on a CPU (memory is the host's)."""
+    if setting is not True and setting is not False and setting != "auto":
+        raise ValueError(f"activation_checkpointing: {setting!r} is not true, false or auto")
+    if setting != "auto":
+        return bool(setting), "set in the config"
+    if estimate is None or gpu_bytes is None:
+        return False, "auto: no GPU, activations kept"
+    need, have = estimate.total / GIB, gpu_bytes / GIB
+    if estimate.total <= MARGIN * gpu_bytes:
+        return False, f"auto: the step needs about {need:.1f} GiB without it, {have:.1f} GiB here"
+    return (
+        True,
+        f"auto: the step would need about {need:.1f} GiB without it, over {MARGIN:.0%} of {have:.1f} GiB",
+    )
