@@ -275,3 +275,32 @@ def test_nproc_help_states_the_default_each_command_uses(gpuval, tmp_path, comma
         from gpuval.launch import default_nproc
 
         assert default_nproc() == 2  # what the help states, on this machine without NVIDIA GPUs
+
+
+def _commands(group, path=()):
+    for name, command in group.commands.items():
+        if hasattr(command, "commands"):  # a group (typer may carry its own copy of click)
+            yield from _commands(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+def test_output_means_a_folder_or_a_file_and_every_help_says_which():
+    """One meaning per kind of thing written: DIR where a command writes several files, FILE where it
+    writes one document; the help of every command that takes --output names which."""
+    import typer.main
+
+    from gpuval.cli import app
+
+    kinds = {}
+    for name, command in _commands(typer.main.get_command(app)):
+        for param in command.params:
+            if "--output" in getattr(param, "opts", ()):
+                assert param.metavar in ("DIR", "FILE"), (name, param.metavar)
+                said = "folder to write" if param.metavar == "DIR" else "file to write"
+                assert param.help.startswith(said), (name, param.help)
+                kinds[name] = param.metavar
+    assert kinds == {
+        "accept": "DIR", "health": "DIR", "finetune prepare": "DIR", "finetune run": "DIR",
+        "bench": "FILE", "discover": "FILE", "report": "FILE", "finetune synth": "FILE",
+    }  # fmt: skip

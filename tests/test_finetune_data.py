@@ -21,6 +21,8 @@ GOOD = {
     "system": "SYSTEM: You are a helpful assistant, with no access to external functions.",
     "chat": "USER: Hi\n\n\nASSISTANT: Hello! <|endoftext|>\n\n\n",
 }
+# A record with a function call: a file must hold one to be worth preparing (prepare refuses it otherwise)
+CALLING = json.loads(render_records(synth_records(1, 0), "jsonl").splitlines()[0])
 
 
 def _lines(path: Path) -> list[dict]:
@@ -106,7 +108,7 @@ def test_malformed_lines_are_skipped_and_counted_by_reason(tmp_path):
         "chat": 'USER: x\n\nASSISTANT: <functioncall> {"name": "f", "arguments": \'{"a": }\'}',
     }
     lines = [
-        json.dumps(GOOD),
+        json.dumps(CALLING),
         "{not json",
         json.dumps({"system": GOOD["system"]}),
         json.dumps(broken_call),
@@ -139,7 +141,7 @@ def test_dataset_name_goes_through_datasets_load_dataset(tmp_path, monkeypatch):
 
     def load_dataset(name, split):
         asked.append((name, split))
-        return [GOOD, {"system": GOOD["system"]}]
+        return [CALLING, {"system": GOOD["system"]}]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     stats = prepare("glaiveai/glaive-function-calling-v2", tmp_path / "out", eval_fraction=0)

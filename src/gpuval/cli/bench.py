@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from gpuval import launch
-from gpuval.cli.options import NprocOption, SetOption, console, exits, is_first_rank, progress
+from gpuval.cli.options import NprocOption, SetOption, console, exits, is_first_rank, output_file, progress
 from gpuval.errors import EXIT_PASS, RunError, UsageError
 
 
@@ -20,7 +20,7 @@ def bench(
     name: Annotated[str | None, typer.Argument(help="benchmark to run; omit to list them")] = None,
     set_: SetOption = [],  # noqa: B006
     quick: Annotated[bool, typer.Option(help="smaller sweep")] = False,
-    output: Annotated[Path | None, typer.Option(help="write the measurements as JSON to this file")] = None,
+    output: Annotated[Path | None, output_file("the measurements as a gpuval.bench/v1 JSON document")] = None,
     nproc: NprocOption = None,
     json_: Annotated[bool, typer.Option("--json", help="print the JSON to stdout")] = False,
 ) -> int:

@@ -9,14 +9,14 @@ from typing import Annotated
 
 import typer
 
-from gpuval.cli.options import console, exits, say
+from gpuval.cli.options import console, exits, output_file, say
 from gpuval.errors import EXIT_PASS, UsageError
 
 
 @exits
 def discover(
     json_: Annotated[bool, typer.Option("--json", help="print the inventory as JSON")] = False,
-    output: Annotated[Path | None, typer.Option(help="write the inventory as JSON to this file")] = None,
+    output: Annotated[Path | None, output_file("the inventory as JSON")] = None,
     paste: Annotated[bool, typer.Option(help="a short plain-text block to paste into a bug report")] = False,
 ) -> int:
     """What is here: host, software, GPUs, topology, InfiniBand, storage, scheduler (one process)."""

@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 import typer
 
 from gpuval import launch
-from gpuval.cli.options import FinetuneNprocOption, SetOption, console, exits, is_first_rank, say
+from gpuval.cli.options import (
+    FinetuneNprocOption,
+    SetOption,
+    console,
+    exits,
+    is_first_rank,
+    output_dir,
+    output_file,
+    say,
+)
 from gpuval.errors import EXIT_PASS
 
 finetune_app = typer.Typer(
@@ -26,7 +35,7 @@ ConfigOption = Annotated[Path, typer.Option(help="fine-tune config YAML (configs
 @exits
 def finetune_synth(
     n: Annotated[int, typer.Option("--n", min=1, help="number of records")],
-    output: Annotated[Path, typer.Option(help="file to write (JSONL or a JSON list)")],
+    output: Annotated[Path, output_file("the records (JSONL, or a JSON list with --format json)")],
     seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
     format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
     values: Annotated[
@@ -51,28 +60,39 @@ def finetune_synth(
 @finetune_app.command("prepare")
 @exits
 def finetune_prepare(
-    input_: Annotated[str, typer.Option("--input", help="Glaive .json/.jsonl file, or a datasets name")],
-    output: Annotated[Path, typer.Option(help="directory for train/eval/eval_unseen.jsonl and stats.json")],
+    input_: Annotated[
+        str,
+        typer.Option("--input", help="Glaive or OpenAI tool-format .json/.jsonl file, or a datasets name"),
+    ],
+    output: Annotated[Path, output_dir("train/eval/eval_unseen.jsonl and stats.json")],
     eval_fraction: Annotated[float, typer.Option(help="in-distribution eval share of the records")] = 0.02,
     unseen_fraction: Annotated[
         float | None, typer.Option(help="most records held out with unseen functions (default: eval share)")
     ] = None,
     seed: Annotated[int, typer.Option(help="seed of the splits")] = 0,
+    format_: Annotated[
+        Literal["auto", "glaive", "openai"],
+        typer.Option(
+            "--format",
+            help="record format: glaive ({system, chat}), openai (OpenAI/TRL {messages, tools}), "
+            "or auto: what the first records look like",
+        ),
+    ] = "auto",
     json_: Annotated[bool, typer.Option("--json", help="print stats.json to stdout")] = False,
 ) -> int:
-    """Glaive records to {"tools", "messages"} JSONL: train, eval and eval_unseen splits; skipped counted."""
+    """Glaive or OpenAI tool-format records to {"tools", "messages"} JSONL: train, eval and eval_unseen
+    splits; skipped counted."""
     from gpuval.finetune.data import prepare
 
-    stats = prepare(input_, output, eval_fraction, seed, unseen_fraction)
+    stats = prepare(input_, output, eval_fraction, seed, unseen_fraction, format_)
     if json_:
         sys.stdout.write(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
         return EXIT_PASS
     splits = ", ".join(f"{name} {count}" for name, count in stats["splits"].items())
     reasons = ", ".join(f"{reason} {count}" for reason, count in stats["skipped_by_reason"].items())
     say(
-        f"{stats['kept']} of {stats['total']} records kept ({splits}); skipped {stats['skipped']}"
-        + (f" ({reasons})" if reasons else "")
-        + f"; wrote {output}"
+        f"{stats['kept']} of {stats['total']} records kept ({stats['format']}; {splits}); "
+        f"skipped {stats['skipped']}" + (f" ({reasons})" if reasons else "") + f"; wrote {output}"
     )
     return EXIT_PASS
 
@@ -111,7 +131,7 @@ def finetune_eval(
 @exits
 def finetune_run(
     config: ConfigOption,
-    output: Annotated[Path | None, typer.Option(help="run folder (overrides the config's output)")] = None,
+    output: Annotated[Path | None, output_dir("the whole run (overrides the config's output)")] = None,
     set_: SetOption = [],  # noqa: B006
     nproc: FinetuneNprocOption = None,
 ) -> int:

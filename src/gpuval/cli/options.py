@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -50,7 +50,22 @@ HistoryOption = Annotated[
 ProfileOption = Annotated[
     str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")
 ]
-ResultDirOption = Annotated[Path | None, typer.Option(help="directory for result.json and junit.xml")]
+
+
+# `--output` has one meaning per kind of thing written, and its help says which: a folder (DIR) where a
+# command writes several files, a file (FILE) where it writes one document. tests/test_cli.py holds every
+# command to it.
+def output_dir(what: str) -> Any:
+    """`--output DIR`: the folder a command writes its files into (created when missing)."""
+    return typer.Option("--output", metavar="DIR", help=f"folder to write {what} into (created if missing)")
+
+
+def output_file(what: str) -> Any:
+    """`--output FILE`: the one file a command writes."""
+    return typer.Option("--output", metavar="FILE", help=f"file to write {what} to")
+
+
+ResultDirOption = Annotated[Path | None, output_dir("result.json, junit.xml and report.html")]
 JsonResultOption = Annotated[bool, typer.Option("--json", help="print result.json to stdout")]
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from gpuval.cli.options import HistoryOption, console, exits, say
+from gpuval.cli.options import HistoryOption, console, exits, output_file, say
 from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
 
 
@@ -26,9 +26,7 @@ def profiles() -> int:
 @exits
 def report(
     result: Annotated[Path, typer.Argument(help="a result.json written by gpuval accept")],
-    output: Annotated[
-        Path | None, typer.Option(help="HTML file to write (default: report.html beside the result)")
-    ] = None,
+    output: Annotated[Path | None, output_file("the HTML report (default: report.html beside it)")] = None,
 ) -> int:
     """Render a self-contained HTML report (verdict, problems, nodes, plots) from a result.json."""
     from gpuval.report.html import write_html

@@ -1,7 +1,10 @@
-"""`gpuval finetune prepare`: Glaive records → DIR/train.jsonl, eval.jsonl, eval_unseen.jsonl, stats.json.
+"""`gpuval finetune prepare`: Glaive or OpenAI tool-format records → DIR/train.jsonl, eval.jsonl,
+eval_unseen.jsonl, stats.json.
 
-Each output line is `{"tools": [...], "messages": [...]}` (see glaive.py). A record that cannot be converted
-is skipped and counted by reason in stats.json; only an unreadable input or output is an error.
+Each output line is `{"tools": [...], "messages": [...]}` (see glaive.py; openai_format.py gives the same
+shape). The format is one per file: `--format`, or by default what the first records look like. A record
+that cannot be converted is skipped and counted by reason in stats.json; an unreadable input or output, a
+file in neither format, and one that leaves no conversation with a tool call are errors.
 
 Splits, all deterministic for a seed:
 - **Held-out functions**: the names called somewhere, sorted, shuffled with the seed, taken in that order
@@ -19,17 +22,28 @@ from __future__ import annotations
 
 import json
 import random
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from gpuval.errors import UsageError
-from gpuval.finetune.glaive import NOT_JSON, MalformedRecord, convert_record
+from gpuval.finetune import glaive, openai_format
+from gpuval.finetune.glaive import NOT_JSON, MalformedRecord
 from gpuval.inputs import MAX_DATASET_BYTES, decode_json, json_problem, read_input_text
 
 STATS_SCHEMA = "gpuval.finetune.prepare/v1"
 SPLITS = ("train", "eval", "eval_unseen")
 EXAMPLES_PER_REASON = 3  # stats.json names where the first few skipped records are, to find them
+FORMATS = {"glaive": "Glaive format", "openai": "OpenAI tool format"}  # --format value -> its name
+FORMAT_KEYS = {"glaive": '{"system", "chat"}', "openai": '{"messages", "tools"}'}  # what a record holds
+CONVERTERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "glaive": glaive.convert_record,
+    "openai": openai_format.convert_record,
+}
+DETECT_RECORDS = 20  # the first records that are JSON decide a file's format under --format auto
 
 
 @dataclass(frozen=True)
@@ -47,8 +61,10 @@ def prepare(
     eval_fraction: float = 0.02,
     seed: int = 0,
     unseen_fraction: float | None = None,
+    input_format: str = "auto",
 ) -> dict[str, Any]:
-    """Convert, split and write; returns the stats written to DIR/stats.json."""
+    """Convert, split and write; returns the stats written to DIR/stats.json. `input_format` is "auto"
+    (detect_format), "glaive" or "openai"."""
     from gpuval.atomic import ensure_writable_dir, write_text_atomic
 
     unseen_fraction = eval_fraction if unseen_fraction is None else unseen_fraction
@@ -56,13 +72,19 @@ def prepare(
         if not 0 <= value < 1:
             raise UsageError(f"{flag} {value} is outside [0, 1)")
     records = read_source(source)  # before creating the output directory: a bad input leaves nothing
+    fmt = choose_format(source, records, input_format)
+    created = _missing_folders(output)
     ensure_writable_dir(output)
-    kept, skipped = convert_all(records)
+    kept, skipped = convert_all(records, fmt)
+    if not any(functions_called(conversation) for conversation in kept):
+        _remove_empty_folders(created)  # nothing to train on: leave no trace of this run in DIR
+        raise UsageError(_nothing_usable(source, records, fmt, kept, skipped))
     unseen_functions = choose_unseen_functions(kept, unseen_fraction, seed)
     splits = split_records(kept, unseen_functions, eval_fraction, seed)
     stats = {
         "schema": STATS_SCHEMA,
         "input": source,
+        "format": fmt,
         "seed": seed,
         "eval_fraction": eval_fraction,
         "unseen_fraction": unseen_fraction,
@@ -101,10 +123,13 @@ def read_jsonl(path: str | Path, what: str) -> list[tuple[int, Any]]:
 
 
 def read_source(source: str) -> list[SourceRecord]:
-    """The records of a Glaive JSON list or JSONL file, or of a `datasets` name when no such file exists."""
+    """The records of a JSON list or JSONL file, or of a `datasets` name when no such file exists."""
     path = Path(source).expanduser()
     if path.is_dir():
-        raise UsageError(f"--input '{source}' is a directory; give a Glaive .json or .jsonl file")
+        raise UsageError(
+            f"--input '{source}' is a directory; give a .json or .jsonl file of Glaive or OpenAI "
+            "tool-format records"
+        )
     if not path.exists():
         if path.suffix in (".json", ".jsonl") or source.startswith(("/", ".", "~")):
             raise UsageError(f"--input '{source}': no such file")
@@ -156,7 +181,7 @@ def _read_dataset(name: str) -> list[SourceRecord]:
     except ImportError:
         raise UsageError(
             f"--input '{name}' is not a file; loading a dataset by name needs the 'datasets' package "
-            "(pip install datasets), or pass a Glaive .json/.jsonl file"
+            "(pip install datasets), or pass a .json/.jsonl file"
         ) from None
     try:
         dataset = datasets.load_dataset(name, split="train")
@@ -168,8 +193,12 @@ def _read_dataset(name: str) -> list[SourceRecord]:
     return [SourceRecord(f"record {i}", dict(row)) for i, row in enumerate(dataset, start=1)]
 
 
-def convert_all(records: list[SourceRecord]) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """The conversation of every convertible record, and where the others are, by reason."""
+def convert_all(
+    records: list[SourceRecord], fmt: str = "glaive"
+) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """The conversation of every record of format `fmt` (a FORMATS key) that converts, and where the
+    others are, by reason."""
+    convert_record = CONVERTERS[fmt]
     kept: list[dict[str, Any]] = []
     skipped: dict[str, list[str]] = {}
     for item in records:
@@ -185,6 +214,99 @@ def convert_all(records: list[SourceRecord]) -> tuple[list[dict[str, Any]], dict
             detail = f"{item.where}: {exc.detail}" if exc.detail else item.where
             skipped.setdefault(exc.reason, []).append(detail)
     return kept, skipped
+
+
+def record_format(record: Any) -> str | None:
+    """The format a decoded record looks like by its keys, whether or not it converts."""
+    if not isinstance(record, dict):
+        return None
+    if "messages" in record:
+        return "openai"
+    if "chat" in record or "system" in record:
+        return "glaive"
+    return None
+
+
+def detect_format(records: list[SourceRecord]) -> str | None:
+    """The format most of the first DETECT_RECORDS records that are JSON look like (on a tie, the first
+    seen), or None when none looks like either."""
+    sample = islice((item.record for item in records if item.record is not _UNDECODABLE), DETECT_RECORDS)
+    votes = Counter(fmt for fmt in map(record_format, sample) if fmt)
+    return max(votes, key=votes.__getitem__) if votes else None  # max keeps the first of equals
+
+
+def choose_format(source: str, records: list[SourceRecord], requested: str) -> str:
+    """The format to read `records` in: `requested`, or under "auto" the detected one."""
+    if requested in FORMATS:
+        return requested
+    if requested != "auto":
+        raise UsageError(f"--format {requested!r}: expected auto, {', '.join(FORMATS)}")
+    detected = detect_format(records)
+    if detected is None:
+        raise UsageError(
+            f"--input '{source}': {_records(len(records))} in neither {FORMATS['glaive']} "
+            f"({FORMAT_KEYS['glaive']}) nor {FORMATS['openai']} ({FORMAT_KEYS['openai']}): "
+            f"{describe_first(records)}"
+        )
+    return detected
+
+
+def describe_first(records: list[SourceRecord]) -> str:
+    """What the first record that is JSON holds, for an error naming what was found."""
+    first = next((item.record for item in records if item.record is not _UNDECODABLE), _UNDECODABLE)
+    if first is _UNDECODABLE:
+        return "no record is JSON"
+    if isinstance(first, dict) and first:
+        keys = ", ".join(repr(key) for key in list(first)[:6]) + (", ..." if len(first) > 6 else "")
+        return f"the first is an object with keys {keys}"
+    return f"the first is {'an empty object' if first == {} else openai_format.json_kind(first)}"
+
+
+def _nothing_usable(
+    source: str,
+    records: list[SourceRecord],
+    fmt: str,
+    kept: list[dict[str, Any]],
+    skipped: dict[str, list[str]],
+) -> str:
+    """One line for a file that gave no conversation with a tool call: the format read, and why."""
+    message = (
+        f"--input '{source}': no usable conversation with a tool call in {_records(len(records))} "
+        f"read as {FORMATS[fmt]}"
+    )
+    detected = detect_format(records)
+    if detected is None:
+        return message + f"; the records look like neither format: {describe_first(records)}"
+    if detected != fmt:
+        return message + f"; the records look like {FORMATS[detected]}: pass --format {detected}"
+    if kept:
+        return message + f"; {len(kept)} kept, none calls a function"
+    reasons = ", ".join(f"{reason} {len(where)}" for reason, where in sorted(skipped.items()))
+    example = max(skipped.values(), key=len)[0]
+    return message + f"; every record was skipped ({reasons}), e.g. {example}"
+
+
+def _records(count: int) -> str:
+    return "1 record" if count == 1 else f"{count} records"
+
+
+def _missing_folders(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first: what ensure_writable_dir
+    creates."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    return missing
+
+
+def _remove_empty_folders(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # something else was written there meanwhile: not ours to remove
+            return
 
 
 def functions_named(conversation: dict[str, Any]) -> set[str]:
