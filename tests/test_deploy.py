@@ -298,7 +298,8 @@ def test_healthcheck_reads_its_settings_from_a_file_as_slurmd_gives_it_no_enviro
     overridden = {**bare, "GPUVAL_PYTHON": "/usr/bin/false"}
     proc = subprocess.run(["bash", HEALTHCHECK], capture_output=True, text=True, env=overridden, timeout=180)
     assert proc.returncode == 0 and "could not check node1 (exit 3)" in proc.stderr
-    assert not calls.exists()  # neither drained the node
+    # neither drained the node: the PASS only asked for the node's state (to resume a drain of its own)
+    assert calls.read_text().splitlines() == ["show node node1"]
 
 
 def test_healthcheck_without_a_profile_drains_the_node_before_running_gpuval(tmp_path):
