@@ -267,3 +267,103 @@ def test_records_helper_rejects_mismatch_and_missing_target():
         examples_from_records(records, texts[:7])
     with pytest.raises(ValueError, match="record 0: record has no assistant turn"):
         examples_from_records([{"tools": [], "messages": [{"role": "user", "content": "x"}]}], [""])
+
+
+# --- BFCL-style AST match: hand-written cases -----------------------------------------------------------
+HOTEL = {
+    "name": "book_hotel",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "nights": {"type": "integer"},
+            "budget": {"type": "number"},
+            "breakfast": {"type": "boolean", "default": False},
+            "rooms": {"type": "integer", "default": 1},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["city", "nights"],
+    },
+}
+REFERENCE = {"name": "book_hotel", "arguments": {"city": "New York", "nights": 3, "budget": 250.0}}
+NY = {"city": "New York", "nights": 3}
+
+
+def _ast(arguments: dict, name: str = "book_hotel", reference: dict = REFERENCE) -> bool:
+    from gpuval.finetune.scoring import ast_match
+
+    return ast_match({"name": name, "arguments": arguments}, reference, HOTEL)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "ok", "why"),
+    [
+        ({**NY, "budget": 250.0}, True, "the reference itself"),
+        (NY, True, "an optional argument left out"),
+        (
+            {**NY, "budget": 250.0, "breakfast": False},
+            True,
+            "optional at its default",
+        ),
+        (
+            {**NY, "breakfast": True},
+            False,
+            "optional, not the reference nor default",
+        ),
+        ({**NY, "rooms": 1}, True, "optional at its default (integer)"),
+        (
+            {**NY, "budget": 300.0},
+            False,
+            "optional given, differs from the reference",
+        ),
+        ({"city": "New York", "budget": 250.0}, False, "a required argument missing"),
+        ({**NY, "pets": True}, False, "a parameter the function does not have"),
+        ({**NY, "budget": 250}, True, "an integer for a number"),
+        ({"city": "New York", "nights": 3.0}, False, "a float for an integer: BFCL's type error"),
+        ({"city": "New York", "nights": "3"}, False, "a string for an integer"),
+        ({"city": "new-york", "nights": 3}, True, "strings standardised: case, '-', spaces"),
+        ({"city": "New York!", "nights": 3}, False, "'!' is not among what BFCL strips"),
+        ({"city": "New York", "nights": True}, False, "a boolean is not an integer"),
+    ],
+)
+def test_ast_match_hand_written(arguments, ok, why):
+    assert _ast(arguments) is ok, why
+
+
+def test_ast_match_name_and_arrays_and_no_schema():
+    from gpuval.finetune.scoring import ast_match
+
+    assert not _ast({"city": "New York", "nights": 3}, name="book_flight")
+    ref = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 1, "tags": ["Sea View", "quiet"]}}
+    assert _ast({"city": "Oslo", "nights": 1, "tags": ["seaview", "Quiet"]}, reference=ref)
+    assert not _ast({"city": "Oslo", "nights": 1, "tags": ["quiet", "Sea View"]}, reference=ref)  # order
+    # without a schema every reference argument is required and nothing else is allowed
+    bare = {"name": "f", "arguments": {"a": 1}}
+    assert ast_match({"name": "f", "arguments": {"a": 1.0}}, bare, None)
+    assert not ast_match({"name": "f", "arguments": {}}, bare, None)
+    assert not ast_match({"name": "f", "arguments": {"a": 1, "b": 2}}, bare, None)
+
+
+def test_score_reports_ast_accuracy_beside_the_strict_one():
+    """Three examples: the strict score and the AST one agree on two and part on the third, where the
+    model spelled out an optional argument at its default (2/3 strict, 3/3 AST)."""
+    tools = [HOTEL]
+    examples = [
+        {"expected": [REFERENCE], "predicted": [REFERENCE], "json_valid": True, "tools": tools},
+        {"expected": [], "predicted": [], "json_valid": True, "tools": tools},
+        {
+            "expected": [REFERENCE],
+            "predicted": [{"name": "book_hotel", "arguments": {**REFERENCE["arguments"], "rooms": 1}}],
+            "json_valid": True,
+            "tools": tools,
+        },
+    ]
+    result = score(examples)
+    assert result["exact_call_accuracy"] == pytest.approx(2 / 3)
+    assert result["ast_accuracy"] == 1.0 and result["ast_examples"] == 3
+    # two calls in either order, and an extra call is wrong under both rules
+    second = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 1}}
+    both = {"expected": [REFERENCE, second], "json_valid": True, "tools": tools}
+    assert score([{**both, "predicted": [second, REFERENCE]}])["ast_accuracy"] == 1.0
+    assert score([{**both, "predicted": [second, REFERENCE, second]}])["ast_accuracy"] == 0.0
+    assert score([{**both, "predicted": [second, REFERENCE], "json_valid": False}])["ast_accuracy"] == 0.0

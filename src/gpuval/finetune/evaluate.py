@@ -28,6 +28,7 @@ HEADLINE = "exact_call_accuracy"
 # The metrics a person reads first, in the table's column order, with short headers that fit 80 columns.
 TABLE_METRICS = (
     ("exact_call_accuracy", "exact"),
+    ("ast_accuracy", "AST"),
     ("call_f1", "call F1"),
     ("json_validity", "JSON ok"),
     ("name_accuracy", "name"),
@@ -186,7 +187,7 @@ def render_table(result: dict[str, Any]) -> Any:
     from rich.table import Table
 
     table = Table(
-        title="function-calling evaluation (exact = exact_call_accuracy)",
+        title="function-calling evaluation (exact = exact_call_accuracy; AST = BFCL's AST match)",
         title_justify="left",
         caption="args EM: expected calls matched exactly; F1s over calls made and argument slots",
         caption_justify="left",

@@ -15,6 +15,14 @@ prepared records give it).
   whitespace collapsed, lists in order element-wise, dicts recursively, booleans strictly (True != 1),
   `None` only to `None`; no other cross-type match ("3" != 3).
 
+`ast_match` is the Berkeley Function Calling Leaderboard's own, more lenient rule (its AST checker), so
+scores can be set beside BFCL-style ones: the name must match; every `required` parameter must be present
+and no parameter may fall outside the schema; a value must have the schema's type, an integer passing for
+a `number`; each given value must equal the reference's (or, for an optional parameter the reference left
+out, the schema's `default`), strings compared as BFCL standardises them (lower case, without spaces and
+`,./-_*^`, single quotes as double); an optional parameter may be left out. `score` reports it as
+`ast_accuracy` beside the strict `exact_call_accuracy`.
+
 `score` aggregates examples. Zero denominators give `None` (never 0.0 or NaN); F1 is `None` when precision
 or recall is `None`, and 0.0 when both are 0.
 """
@@ -22,6 +30,7 @@ or recall is `None`, and 0.0 when both are 0.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -108,6 +117,76 @@ def match_call(
     return CallMatch(exact, name_ok, tp, len(pred_args), len(exp_args))
 
 
+_BFCL_STRIP = re.compile(r"[ ,./\-_*^]")  # what BFCL's checker removes from strings before comparing
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),  # BFCL accepts an int where a float is described
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def _bfcl_string(text: str) -> str:
+    """BFCL's standardisation: spaces and `,./-_*^` removed, lower case, single quotes as double."""
+    return _BFCL_STRIP.sub("", text).lower().replace("'", '"')
+
+
+def _typed(value: Any, kind: Any) -> bool:
+    """Whether `value` has the JSON-schema type `kind` (a bool is never a number); unknown kinds pass."""
+    allowed = _JSON_TYPES.get(kind) if isinstance(kind, str) else None
+    if allowed is None:
+        return True
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, allowed)
+
+
+def _ast_equal(predicted: Any, expected: Any) -> bool:
+    """BFCL's value comparison: numbers by value (int == float), strings standardised, lists in order."""
+    if isinstance(expected, bool) or isinstance(predicted, bool):
+        return type(predicted) is type(expected) and predicted == expected
+    if _is_number(expected) and _is_number(predicted):
+        return math.isclose(predicted, expected, rel_tol=1e-9, abs_tol=0.0)
+    if isinstance(expected, str) and isinstance(predicted, str):
+        return _bfcl_string(predicted) == _bfcl_string(expected)
+    if isinstance(expected, list) and isinstance(predicted, list):
+        return len(predicted) == len(expected) and all(map(_ast_equal, predicted, expected))
+    if isinstance(expected, dict) and isinstance(predicted, dict):
+        return predicted.keys() == expected.keys() and all(
+            _ast_equal(predicted[k], expected[k]) for k in expected
+        )
+    return predicted is None and expected is None
+
+
+def ast_match(predicted: dict[str, Any], expected: dict[str, Any], schema: dict[str, Any] | None) -> bool:
+    """One predicted call against one expected call by BFCL's AST rules (module docstring)."""
+    if predicted.get("name") != expected.get("name"):
+        return False
+    pred_args = predicted.get("arguments") or {}
+    exp_args = expected.get("arguments") or {}
+    params = _parameters(schema) or {}
+    if isinstance(params.get("properties"), dict):
+        properties, required = params["properties"], set(params.get("required") or [])
+    else:  # no schema: the reference's arguments are the function's, all of them required
+        properties, required = {name: {} for name in exp_args}, set(exp_args)
+    if not required <= pred_args.keys():
+        return False
+    for name, value in pred_args.items():
+        spec = properties.get(name)
+        if not isinstance(spec, dict):
+            return False  # a parameter the function does not have
+        if not _typed(value, spec.get("type")):
+            return False
+        if name in exp_args:
+            if not _ast_equal(value, exp_args[name]):
+                return False
+        elif not ("default" in spec and _ast_equal(value, spec["default"])):
+            return False  # an optional argument the reference left out, given at a value not its default
+    return True
+
+
 def _tool_schema(tools: Iterable[dict[str, Any]], name: Any) -> dict[str, Any] | None:
     for tool in tools or ():
         body = tool["function"] if isinstance(tool.get("function"), dict) else tool
@@ -143,6 +222,20 @@ def pair_calls(
     return pairs
 
 
+def _ast_all(
+    predicted: Sequence[dict[str, Any]], expected: Sequence[dict[str, Any]], tools: list[dict[str, Any]]
+) -> bool:
+    """Whether every expected call has its own predicted call that `ast_match`es it (in any order)."""
+    free = list(range(len(predicted)))
+    for exp in expected:
+        schema = _tool_schema(tools, exp.get("name"))
+        hit = next((p for p in free if ast_match(predicted[p], exp, schema)), None)
+        if hit is None:
+            return False
+        free.remove(hit)
+    return True
+
+
 def _ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
@@ -168,6 +261,7 @@ def score(examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
     - `argument_precision/recall/f1`: micro over argument slots; a true positive is an expected argument
       present with a matching value in the predicted call paired with it (same name); predicted slots
       count every predicted call, paired or not, in every example.
+    - `ast_accuracy`: the same as `exact_call_accuracy`, but each call judged by `ast_match` (BFCL's rules).
     - `exact_call_accuracy` (headline): fraction of examples fully correct: when calls are expected, every
       expected call paired exactly, no extra predicted call and JSON valid; when none is expected, no call
       made.
@@ -178,7 +272,7 @@ def score(examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
     name_den = name_ok = 0
     exp_calls = exact_calls = 0
     arg_tp = arg_pred = arg_exp = 0
-    exact_examples = 0
+    exact_examples = ast_examples = 0
     for example in examples:
         n += 1
         expected = list(example.get("expected") or [])
@@ -197,15 +291,20 @@ def score(examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         arg_exp += sum(len(c.get("arguments") or {}) for c in expected)
         if not wanted:
             exact_examples += not made
+            ast_examples += not made
             continue
         name_den += 1
         name_ok += Counter(c.get("name") for c in predicted) == Counter(c.get("name") for c in expected)
-        pairs = pair_calls(predicted, expected, example.get("tools") or ())
+        tools = list(example.get("tools") or ())
+        pairs = pair_calls(predicted, expected, tools)
         exact_here = sum(m.exact for _, _, m in pairs)
         exp_calls += len(expected)
         exact_calls += exact_here
         arg_tp += sum(m.true_positives for _, _, m in pairs)
         exact_examples += json_valid and exact_here == len(expected) and len(predicted) == len(expected)
+        ast_examples += (
+            json_valid and len(predicted) == len(expected) and _ast_all(predicted, expected, tools)
+        )
     call_p, call_r = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
     arg_p, arg_r = _ratio(arg_tp, arg_pred), _ratio(arg_tp, arg_exp)
     return {
@@ -234,6 +333,8 @@ def score(examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "argument_f1": _f1(arg_p, arg_r),
         "exact_examples": exact_examples,
         "exact_call_accuracy": _ratio(exact_examples, n),
+        "ast_examples": ast_examples,
+        "ast_accuracy": _ratio(ast_examples, n),
     }
 
 
