@@ -91,6 +91,33 @@ def test_dockerfile_passes_hadolint_and_runs_as_a_non_root_user():
     assert users and users[-1].split(":")[0] not in ("root", "0")
 
 
+def test_the_image_installs_every_runtime_dependency_but_torch():
+    """The image takes its requirements from pyproject.toml (deploy/docker/requirements.py): every core
+    dependency and the finetune and gpu extras (Liger-Kernel included), never torch, whose CUDA build the
+    base image brings."""
+    import tomllib
+
+    proc = subprocess.run(
+        [sys.executable, str(DOCKERFILE.parent / "requirements.py"), str(REPO)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    listed = proc.stdout.split()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["finetune"]]
+    wanted += project["optional-dependencies"]["gpu"]
+    assert listed == [req for req in wanted if not req.startswith("torch")]
+    names = {re.split(r"[<>=!~]", req)[0] for req in listed}
+    assert {"liger-kernel", "matplotlib", "prometheus-client", "transformers", "peft"} <= names
+    assert "torch" not in names
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    assert (
+        "deploy/docker/requirements.py" in text
+        and "pip install --no-cache-dir -r /tmp/requirements.txt" in text
+    )
+
+
 # --- NCCL environment profiles and shell scripts -------------------------------------------------------
 
 ENV_PROFILES = sorted((REPO / "deploy" / "env").glob("*.env"))

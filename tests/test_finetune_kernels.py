@@ -148,3 +148,13 @@ def test_device_defaults_and_settings_that_cannot_run_here():
     assert resolve_kernels("torch", on_gpu=True) == "torch"
     with pytest.raises(UsageError, match=r"^train.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
         resolve_kernels("liger", on_gpu=False)
+
+
+def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install():
+    from gpuval.finetune.kernels import unfused_note
+
+    note = unfused_note("auto", True, "torch")
+    assert note is not None and "\n" not in note and "pip install 'gpuval[gpu]'" in note
+    assert unfused_note("auto", True, "liger-loss") is None  # Liger found: nothing to say
+    assert unfused_note("auto", False, "torch") is None  # a CPU never fuses: nothing missing
+    assert unfused_note("torch", True, "torch") is None  # chosen by the user

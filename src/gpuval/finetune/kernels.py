@@ -283,9 +283,20 @@ def resolve_kernels(setting: str, on_gpu: bool, compiled: bool = False) -> str:
     if setting == "auto":
         return ("liger-loss" if compiled else "liger") if available else "torch"
     if setting.startswith("liger") and not available:
-        why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install liger-kernel"
+        why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install 'gpuval[gpu]'"
         raise UsageError(f"train.kernels={setting}: Liger-Kernel {why}; set train.kernels=torch")
     return setting
+
+
+def unfused_note(setting: str, on_gpu: bool, resolved: str) -> str | None:
+    """The start-up line when `auto` fell back to transformers' kernels on a GPU because Liger-Kernel is not
+    installed (the fast step needs its fused loss: without it the logits are materialised), else None."""
+    if setting != "auto" or not on_gpu or resolved != "torch":
+        return None
+    return (
+        "kernels: Liger-Kernel is not installed, so the loss is not fused and transformers' own kernels run "
+        "(slower, and the logits take memory): pip install 'gpuval[gpu]'"
+    )
 
 
 def _liger_installed() -> bool:

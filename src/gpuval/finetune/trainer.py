@@ -25,6 +25,7 @@ import gc
 import json
 import math
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ from gpuval.finetune.kernels import (
     resolve_attention,
     resolve_kernels,
     resolve_row_kernel,
+    unfused_note,
     use_varlen_attention,
 )
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
@@ -110,6 +112,8 @@ def train(
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
     kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled)
+    if (note := unfused_note(t.kernels, runtime.on_gpu, kernels)) and runtime.is_main:
+        print(note, file=sys.stderr)  # said even when quiet (bench train): it costs speed and memory
     # The fused loss takes the output head out of the model; only where the head is whole on every rank.
     fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
     model = load_model(cfg.model, dtype, device=device)
