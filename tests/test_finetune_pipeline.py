@@ -129,6 +129,9 @@ def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gp
     assert len(lines) == 2 * sum(v["tuned"]["examples"] for v in document["splits"].values())
     assert "exact = exact_call_accuracy" in result.stdout and "holdout_values" in result.stdout
     assert all(len(line) <= 80 for line in result.stdout.splitlines() if "│" in line)  # fits CI logs
+    # progress per split and model on stderr; the libraries' warnings in the run's log file, not there
+    assert "eval holdout_values (tuned)" in result.stderr and "examples/s" in result.stderr
+    assert "Warning" not in result.stderr and "warnings.warn" not in result.stderr, result.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -62,10 +62,12 @@ def accept(
 
     def work() -> int:
         from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.quiet import route_third_party_output
         from gpuval.report.console import print_result
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        route_third_party_output(output, runtime.rank)  # the train benchmark's libraries: to a file
         try:
             if runtime.is_main and not json_:
                 say(

@@ -173,9 +173,11 @@ def _finetune(
     def work() -> int:
         from gpuval.finetune.pipeline import make_data, run_eval
         from gpuval.finetune.trainer import train as train_lora
+        from gpuval.quiet import route_third_party_output
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime()
+        route_third_party_output(cfg.output, runtime.rank)  # warnings and loading bars: to a file
         try:
             if data:
                 if runtime.is_main:

@@ -12,7 +12,7 @@ Under torchrun each rank generates every world-th prompt; rank 0 gathers, scores
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -74,9 +74,11 @@ def generate(
     batch_size: int,
     max_new_tokens: int,
     device: torch.device,
+    advance: Callable[[int], None] = lambda done: None,
 ) -> list[str]:
     """Greedy continuations of `prompts` (in their order), decoded without special tokens, cut at the
-    first stop token. Prompts are batched longest first so a batch pads little."""
+    first stop token. Prompts are batched longest first so a batch pads little. `advance(n)` is told after
+    every batch how many prompts it finished (a progress bar)."""
     if not prompts:
         return []
     stops = stop_token_ids(tokenizer, model)
@@ -106,6 +108,7 @@ def generate(
             new_tokens = generated[row, width:].tolist()
             cut = next((k for k, t in enumerate(new_tokens) if t in stops), len(new_tokens))
             outputs[i] = tokenizer.decode(new_tokens[:cut], skip_special_tokens=True)
+        advance(len(chunk))
     return outputs
 
 
@@ -116,11 +119,18 @@ def evaluate_split(
     batch_size: int,
     max_new_tokens: int,
     runtime: Any,
+    bar: Any = None,
 ) -> tuple[dict[str, Any], list[str]]:
-    """Metrics and generated texts for `records`; every rank generates its strided share."""
+    """Metrics and generated texts for `records`; every rank generates its strided share. `bar`: a
+    (rich Progress, task) pair that this rank's share advances."""
     prompts = [render_prompt(split_target(r)[0], tokenizer) for r in records]
     mine = list(range(runtime.rank, len(prompts), runtime.world_size))
-    texts = generate(model, tokenizer, [prompts[i] for i in mine], batch_size, max_new_tokens, runtime.device)
+    advance = (lambda n: bar[0].advance(bar[1], n)) if bar else (lambda n: None)
+    if bar:
+        bar[0].update(bar[1], total=len(mine))
+    texts = generate(
+        model, tokenizer, [prompts[i] for i in mine], batch_size, max_new_tokens, runtime.device, advance
+    )
     gathered = runtime.all_gather_object(list(zip(mine, texts, strict=True)))
     predictions = [""] * len(prompts)
     for part in gathered:
@@ -138,6 +148,7 @@ def evaluate(
     max_new_tokens: int = 256,
     base_too: bool = True,
     log: Any = print,
+    show_progress: bool = True,
 ) -> dict[str, Any]:
     """Score the tuned model (and the base under it, when `base_too` and it has an adapter) on each split.
 
@@ -150,6 +161,7 @@ def evaluate(
     # (benchmarks/results/2026-11-24-cpu-finetune). The model is unmerged again before it returns.
     variants: list[str] = (["base"] if base_too and has_adapter else []) + ["tuned"]
     model.eval()
+    progress = _progress() if show_progress and runtime.is_main else None
     result: dict[str, Any] = {"splits": {name: {} for name in splits}, "predictions": {}}
     for variant in variants:
         merged = variant == "tuned" and has_adapter and hasattr(model, "merge_adapter")
@@ -159,9 +171,16 @@ def evaluate(
             for name, records in splits.items():
                 started = time.perf_counter()
                 context = model.disable_adapter() if variant == "base" else nullcontext()
+                task = progress.add_task(f"eval {name} ({variant})", total=None) if progress else None
                 with context:
                     metrics, texts = evaluate_split(
-                        model, tokenizer, records, batch_size, max_new_tokens, runtime
+                        model,
+                        tokenizer,
+                        records,
+                        batch_size,
+                        max_new_tokens,
+                        runtime,
+                        (progress, task) if progress else None,
                     )
                 metrics["seconds"] = round(time.perf_counter() - started, 2)
                 result["splits"][name][variant] = metrics
@@ -173,6 +192,8 @@ def evaluate(
         finally:
             if merged:
                 model.unmerge_adapter()
+    if progress:
+        progress.stop()
     # split by split, tuned before base, as eval.json, its predictions and the table have them
     order = [(name, v) for name in splits for v in ("tuned", "base") if v in result["splits"][name]]
     result["splits"] = {
@@ -180,6 +201,29 @@ def evaluate(
     }
     result["predictions"] = {f"{v}/{name}": result["predictions"][f"{v}/{name}"] for name, v in order}
     return result
+
+
+def _progress() -> Any:
+    """A bar per split and model on stderr: examples done of this rank's share, examples/s, elapsed."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    class ExamplesPerSecond(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text(f"{speed:.1f} examples/s" if speed else "- examples/s")
+
+    progress = Progress(
+        "{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        ExamplesPerSecond(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    )
+    progress.start()
+    return progress
 
 
 def render_table(result: dict[str, Any]) -> Any:

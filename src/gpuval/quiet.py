@@ -1,0 +1,54 @@
+"""Third-party chatter off the console: Python warnings (FutureWarnings and the like from torch,
+transformers, peft) and transformers' / huggingface_hub's logging and loading bars go to a log file in the
+run's output folder, so a user's console shows gpuval's own lines and progress only.
+
+Every rank writes its own file (`third_party.log` for rank 0, `third_party.rank<N>.log` for the others):
+a warning one rank alone raises is kept, and no two processes append to one file.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+LOG_NAME = "third_party.log"
+_LOGGERS = ("py.warnings", "transformers", "huggingface_hub", "peft", "accelerate", "datasets", "torch")
+
+
+def log_path(folder: Path, rank: int) -> Path:
+    return folder / (LOG_NAME if rank == 0 else f"third_party.rank{rank}.log")
+
+
+def route_third_party_output(folder: str | Path, rank: int = 0) -> Path:
+    """Send warnings and the libraries' logging to `folder`'s log file and switch their progress bars off.
+    Returns the file's path. Safe to call more than once (a second call moves the output)."""
+    path = log_path(Path(folder), rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+    handler.set_name("gpuval-third-party")
+    logging.captureWarnings(True)  # warnings.warn -> the 'py.warnings' logger
+    warnings.simplefilter("default")  # each warning once per place it is raised from
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if h.get_name() == "gpuval-third-party"]:
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.INFO)
+    try:  # transformers' own stderr handler and its loading bars
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_default_handler()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:
+        pass
+    return path

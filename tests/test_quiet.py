@@ -1,0 +1,56 @@
+"""Third-party warnings and logging go to the run's log file, one per rank, and not to the console."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+
+def test_warnings_and_library_logging_land_in_the_file_not_on_stderr(tmp_path):
+    script = (
+        "import logging, sys, warnings\n"
+        "from gpuval.quiet import route_third_party_output\n"
+        f"path = route_third_party_output({str(tmp_path)!r}, rank=int(sys.argv[1]))\n"
+        "warnings.warn('old API, use the new one', FutureWarning)\n"
+        "logging.getLogger('transformers.modeling_utils').warning('Some weights were not initialized')\n"
+        "print('gpuval line', file=sys.stderr)\n"
+        "print(path)\n"
+    )
+    for rank, name in ((0, "third_party.log"), (3, "third_party.rank3.log")):
+        proc = subprocess.run([sys.executable, "-c", script, str(rank)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.strip() == "gpuval line"  # nothing else reached the console
+        assert proc.stdout.strip() == str(tmp_path / name)
+        text = (tmp_path / name).read_text(encoding="utf-8")
+        assert "FutureWarning: old API, use the new one" in text
+        assert "transformers.modeling_utils WARNING: Some weights were not initialized" in text
+
+
+def test_a_second_call_moves_the_output_without_doubling_it(tmp_path):
+    from gpuval.quiet import route_third_party_output
+
+    try:
+        route_third_party_output(tmp_path / "a")
+        route_third_party_output(tmp_path / "b")
+        logging.getLogger("peft").warning("once")
+        for handler in logging.getLogger("peft").handlers:
+            handler.flush()
+        assert not (tmp_path / "a" / "third_party.log").exists()
+        assert (tmp_path / "b" / "third_party.log").read_text(encoding="utf-8").count("once") == 1
+    finally:
+        logging.captureWarnings(False)
+        for name in (
+            "py.warnings",
+            "transformers",
+            "huggingface_hub",
+            "peft",
+            "accelerate",
+            "datasets",
+            "torch",
+        ):
+            logger = logging.getLogger(name)
+            for handler in [h for h in logger.handlers if h.get_name() == "gpuval-third-party"]:
+                logger.removeHandler(handler)
+                handler.close()
+            logger.propagate = True
