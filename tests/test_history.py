@@ -1,15 +1,19 @@
-"""History in SQLite and drift: a node judged against the median of its own last runs."""
+"""History in SQLite and drift: a node judged against the median of its own last runs, a GPU against its
+own by UUID wherever it sits; and a history file of the older schema migrated."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 
 import pytest
+from conftest import cli_env
 
 from gpuval.config import HistorySettings
+from gpuval.errors import UsageError
 from gpuval.history import drift_checks, record, runs, trends
-from gpuval.results import Check, Result, Status, World
+from gpuval.results import Check, Result, Status, World, load_result
 
 
 def _ok(name: str, value: float, unit: str, scope: str) -> Check:
@@ -144,3 +148,142 @@ def test_a_history_that_cannot_be_written_stops_accept_before_any_work(tmp_path,
         f"gpuval: history database {blocker / 'h.sqlite'}: File exists: pass --history PATH (or none)"
     ]
     assert not out.exists()  # no benchmark ran, nothing half-written
+
+
+# --- a GPU's history follows its UUID ---------------------------------------------------------------------
+
+A, B, C = (f"GPU-{c * 8}-1111-2222-3333-444444444444" for c in "abc")
+
+
+def _gpus_run(tmp_path, started: str, slots: dict[str, list[tuple[int, str, float]]]) -> Result:
+    """An accept result.json with one matmul.bf16_tflops check per GPU, node -> [(index, uuid, value)], and
+    each node's inventory listing its GPUs' index and UUID: written as a file and read back as gpuval reads
+    it."""
+    document = {
+        "schema": "gpuval.result/v1",
+        "verdict": "PASS",
+        "started_at": started,
+        "duration_s": 1.0,
+        "profile": "h200-sxm",
+        "world": {"size": sum(map(len, slots.values())), "nodes": len(slots), "backend": "nccl"},
+        "inventory": {
+            "nodes": [
+                {"node": node, "gpus": [{"index": index, "uuid": uuid} for index, uuid, _ in gpus]}
+                for node, gpus in slots.items()
+            ]
+        },
+        "checks": [
+            {
+                "name": "matmul.bf16_tflops",
+                "status": "PASS",
+                "value": value,
+                "unit": "TFLOP/s",
+                "scope": f"gpu:{node}/{index}",
+            }
+            for node, gpus in slots.items()
+            for index, _, value in gpus
+        ],
+    }
+    path = tmp_path / f"result-{len(list(tmp_path.glob('result-*.json')))}.json"
+    path.write_text(json.dumps(document))
+    return load_result(path)
+
+
+def test_a_gpu_keeps_its_history_when_its_index_or_node_changes(tmp_path):
+    db = tmp_path / "history.sqlite"
+    # A is the fast GPU, B a slower one; the first inventory spells A's UUID as torch does (no 'GPU-')
+    first = _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A[4:], 700.0), (1, B, 600.0)]})
+    record(db, first)
+    # re-indexed: B is now GPU 0 and A GPU 1. By slot, GPU 0 fell from 700 to 600 (14 % worse); by UUID
+    # neither GPU changed
+    swapped = _gpus_run(tmp_path, "2026-11-02T00:00:00+00:00", {"n1": [(0, B, 600.0), (1, A, 700.0)]})
+    assert drift_checks(db, swapped, HistorySettings()) == []
+    record(db, swapped)
+    # A degrades in its new slot: judged against its own 700, not slot 1's past 600
+    degraded = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n1": [(0, B, 600.0), (1, A, 600.0)]})
+    [check] = drift_checks(db, degraded, HistorySettings())
+    assert check.scope == "gpu:n1/1" and check.threshold["median"] == 700.0 and check.threshold["runs"] == 2
+    assert "worse than this GPU's (GPU-aaaaaaaa) median 700" in check.detail
+    # moved to another node, A still has its past
+    moved = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n2": [(0, A, 600.0)]})
+    [check] = drift_checks(db, moved, HistorySettings())
+    assert check.scope == "gpu:n2/0" and check.threshold["median"] == 700.0
+    assert "gpuval history --node n2" in check.detail
+    record(db, moved)
+    # n1's trends: B only (A was last measured on n2); n2's: A with every value it had on n1
+    assert [(t["gpu_uuid"], t["values"]) for t in trends(db, "n1")] == [(B, [600.0, 600.0])]
+    [a] = trends(db, "n2")
+    assert (a["gpu_uuid"], a["node"], a["scope"], a["values"]) == (A, "n2", "gpu:n2/0", [700.0, 700.0, 600.0])
+
+
+def test_a_replaced_gpu_starts_a_history_of_its_own(tmp_path):
+    db = tmp_path / "history.sqlite"
+    record(db, _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 700.0)]}))
+    # GPU 0 of n1 is now another GPU, C, slower than A was: no drift, it has no past
+    replaced = _gpus_run(tmp_path, "2026-11-02T00:00:00+00:00", {"n1": [(0, C, 500.0)]})
+    assert drift_checks(db, replaced, HistorySettings()) == []
+    record(db, replaced)
+    again = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n1": [(0, C, 500.0)]})
+    assert drift_checks(db, again, HistorySettings()) == []  # C against its own 500
+    record(db, again)
+    series = {t["gpu_uuid"]: t["values"] for t in trends(db, "n1")}  # one slot, two GPUs' series
+    assert series == {A: [700.0], C: [500.0, 500.0]}
+
+
+OLD_SCHEMA = """
+CREATE TABLE runs (id INTEGER PRIMARY KEY, started_at TEXT NOT NULL, profile TEXT NOT NULL,
+    verdict TEXT NOT NULL, nodes TEXT NOT NULL, gpuval_version TEXT NOT NULL, command TEXT NOT NULL);
+CREATE TABLE values_ (run_id INTEGER NOT NULL REFERENCES runs(id), node TEXT NOT NULL, name TEXT NOT NULL,
+    scope TEXT NOT NULL, value REAL NOT NULL, unit TEXT NOT NULL);
+CREATE INDEX values_by_check ON values_(node, name, scope);
+INSERT INTO runs VALUES (1, '2026-10-01T00:00:00+00:00', 'h200-sxm', 'PASS', 'n1', '0.1.0', '[]');
+INSERT INTO values_ VALUES (1, 'n1', 'matmul.bf16_tflops', 'gpu:n1/0', 700.0, 'TFLOP/s');
+INSERT INTO values_ VALUES (1, 'n1', 'all_reduce.busbw_gbps', 'cluster', 350.0, 'GB/s');
+"""
+
+
+def test_a_history_file_of_the_schema_before_uuids_migrates_and_keeps_its_rows(tmp_path):
+    """A file as gpuval wrote it before GPUs were keyed by UUID (user_version 0): its rows stay, keyed by
+    node and scope, and still serve as the past of checks that have no UUID."""
+    db = tmp_path / "history.sqlite"
+    with closing(sqlite3.connect(db)) as connection:
+        connection.executescript(OLD_SCHEMA)
+    no_uuid = _run("2026-11-01T00:00:00+00:00", 600.0, gap_pct=2.0, busbw=300.0)  # inventory without GPUs
+    drift = _by_name(drift_checks(db, no_uuid, HistorySettings()))
+    assert drift["drift.matmul.bf16_tflops"].threshold["median"] == 700.0  # by node and scope, as before
+    assert drift["drift.all_reduce.busbw_gbps"].threshold["median"] == 350.0
+    with_uuid = _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 600.0)]})
+    assert drift_checks(db, with_uuid, HistorySettings()) == []  # A has no past: the old row may be any GPU
+    record(db, with_uuid)
+    with closing(sqlite3.connect(db)) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone() == (2,)
+        rows = connection.execute(
+            "SELECT run_id, scope, value, gpu_uuid FROM values_ ORDER BY run_id"
+        ).fetchall()
+    assert rows == [(1, "gpu:n1/0", 700.0, None), (1, "cluster", 350.0, None), (2, "gpu:n1/0", 600.0, A)]
+    assert [r["started_at"][:10] for r in runs(db, "n1")] == ["2026-11-01", "2026-10-01"]
+    assert {(t["scope"], t["gpu_uuid"]): t["values"] for t in trends(db, "n1")} == {
+        ("cluster", None): [350.0],
+        ("gpu:n1/0", None): [700.0],
+        ("gpu:n1/0", A): [600.0],
+    }
+
+
+def test_a_history_file_of_a_newer_schema_is_refused(tmp_path):
+    db = tmp_path / "history.sqlite"
+    with closing(sqlite3.connect(db)) as connection:
+        connection.execute("PRAGMA user_version = 3")
+    with pytest.raises(UsageError, match="has schema 3, newer than this gpuval's 2: upgrade gpuval"):
+        runs(db)
+
+
+def test_history_command_shows_a_gpus_short_uuid_and_node(tmp_path, gpuval):
+    db = tmp_path / "history.sqlite"
+    record(db, _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 700.0), (1, B, 690.0)]}))
+    proc = gpuval(["history", "--history", str(db)], tmp_path, env=cli_env(COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split("│") for line in proc.stdout.splitlines() if "matmul.bf16_tflops" in line]
+    assert [[cell.strip() for cell in line[1:5]] for line in lines] == [
+        ["matmul.bf16_tflops", "gpu:n1/0", "GPU-aaaaaaaa", "n1"],
+        ["matmul.bf16_tflops", "gpu:n1/1", "GPU-bbbbbbbb", "n1"],
+    ]

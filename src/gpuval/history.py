@@ -7,6 +7,11 @@ same node(s), same profile, over the last `history.window` runs that did not end
 than `history.tolerance_pct` is a WARN (a FAIL where `history.fail` is set) named `drift.<check>`.
 Which checks are kept, and whether worse means lower or higher, comes from the judged metric's
 declaration (gpuval.metrics): a check of an undeclared or uncompared metric is not kept.
+
+A check scoped to one GPU ('gpu:n1/3') is also keyed by that GPU's UUID, read from the run's inventory
+(each node's `gpus[]` index and uuid): a GPU moved to another slot or node keeps its history, and a new
+GPU in the same slot starts its own. A check with no UUID known (a cluster, node or link check, a CPU
+rank, an inventory without UUIDs, every row of a schema-1 file) is keyed by node and scope, as before.
 """
 
 from __future__ import annotations
@@ -23,26 +28,40 @@ from gpuval import metrics
 from gpuval.errors import UsageError
 from gpuval.results import Check, Result, Status, node_of
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id INTEGER PRIMARY KEY,
-    started_at TEXT NOT NULL,
-    profile TEXT NOT NULL,
-    verdict TEXT NOT NULL,
-    nodes TEXT NOT NULL,
-    gpuval_version TEXT NOT NULL,
-    command TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS values_ (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    node TEXT NOT NULL,
-    name TEXT NOT NULL,
-    scope TEXT NOT NULL,
-    value REAL NOT NULL,
-    unit TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS values_by_check ON values_(node, name, scope);
-"""
+# PRAGMA user_version. 1 (a file from before versions: user_version 0): values keyed by node and scope;
+# 2: values_.gpu_uuid added, NULL on every older row (those stay keyed by node and scope).
+SCHEMA_VERSION = 2
+TABLES = (
+    """CREATE TABLE IF NOT EXISTS runs (
+        id INTEGER PRIMARY KEY,
+        started_at TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        verdict TEXT NOT NULL,
+        nodes TEXT NOT NULL,
+        gpuval_version TEXT NOT NULL,
+        command TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS values_ (
+        run_id INTEGER NOT NULL REFERENCES runs(id),
+        node TEXT NOT NULL,
+        name TEXT NOT NULL,
+        scope TEXT NOT NULL,
+        value REAL NOT NULL,
+        unit TEXT NOT NULL,
+        gpu_uuid TEXT
+    )""",
+)
+INDEXES = (
+    "CREATE INDEX IF NOT EXISTS values_by_check ON values_(node, name, scope)",
+    "CREATE INDEX IF NOT EXISTS values_by_gpu ON values_(gpu_uuid, name)",
+)
+# the last runs of one check, newest first: of one GPU (by UUID), or of one node and scope
+_PAST = (
+    "SELECT v.value FROM values_ v JOIN runs r ON r.id = v.run_id WHERE {subject} AND v.name = ? "
+    "AND r.profile = ? AND r.verdict != 'ERROR' ORDER BY r.started_at DESC, r.id DESC LIMIT ?"
+)
+_BY_GPU = "v.gpu_uuid = ?"
+_BY_SCOPE = "v.gpu_uuid IS NULL AND v.node = ? AND v.scope = ?"
 OFF = "none"
 
 
@@ -59,11 +78,49 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(path, timeout=30)
-        connection.executescript(SCHEMA)
     except (OSError, sqlite3.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UsageError(f"history database {path}: {reason}: pass --history PATH (or none)") from None
+    try:
+        _migrate(connection, path)
+    except sqlite3.Error as exc:
+        connection.close()
+        raise UsageError(f"history database {path}: {exc}: pass --history PATH (or none)") from None
+    except BaseException:
+        connection.close()
+        raise
     return connection
+
+
+def _version(db: sqlite3.Connection, path: Path) -> int:
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise UsageError(
+            f"history database {path} has schema {version}, newer than this gpuval's {SCHEMA_VERSION}: "
+            "upgrade gpuval or pass --history PATH"
+        )
+    return version
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the database to SCHEMA_VERSION in one transaction, keeping every row: create what is
+    missing, and give a schema-1 file its gpu_uuid column (NULL: its rows stay keyed by node and scope)."""
+    if _version(db, path) == SCHEMA_VERSION:
+        return
+    db.execute("BEGIN IMMEDIATE")  # one writer migrates; another waits, then finds it done
+    try:
+        if _version(db, path) < SCHEMA_VERSION:
+            for statement in TABLES:
+                db.execute(statement)
+            if "gpu_uuid" not in {column[1] for column in db.execute("PRAGMA table_info(values_)")}:
+                db.execute("ALTER TABLE values_ ADD COLUMN gpu_uuid TEXT")
+            for statement in INDEXES:
+                db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
 
 
 def open_history(path: Path) -> None:
@@ -91,6 +148,27 @@ def _amount(value: float, unit: str) -> str:
     return f"{value:.4g} {unit}".strip()
 
 
+def gpu_uuids(result: Result) -> dict[str, str]:
+    """The run's GPU scopes ('gpu:n1/0') -> each GPU's UUID in NVML's spelling ('GPU-…'), from the node
+    inventory's `gpus[]` (index and uuid); a GPU listed without a UUID is left out."""
+    found = {}
+    for node in result.inventory.get("nodes", []):
+        gpus = node.get("gpus") if isinstance(node, dict) else None
+        for gpu in gpus if isinstance(gpus, list) else []:
+            index, uuid = (gpu.get("index"), gpu.get("uuid")) if isinstance(gpu, dict) else (None, None)
+            if isinstance(index, int) and not isinstance(index, bool) and isinstance(uuid, str) and uuid:
+                # torch spells CUDA's UUID without NVML's prefix (inventories without NVML)
+                found[f"gpu:{node.get('node')}/{index}"] = (
+                    uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+                )
+    return found
+
+
+def short_uuid(uuid: str) -> str:
+    """'GPU-454e97b1-c38b-…' -> 'GPU-454e97b1': the prefix and the first group, enough to tell GPUs apart."""
+    return "-".join(uuid.split("-")[:2])
+
+
 def _group(result: Result) -> str:
     names = sorted(str(node.get("node")) for node in result.inventory.get("nodes", []) if node.get("node"))
     return "+".join(names) or "unknown"
@@ -115,16 +193,15 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
     """This run's checks against the node's own recent past (empty on a node with no past)."""
     if not path.exists():
         return []
-    group = _group(result)
+    group, uuids = _group(result), gpu_uuids(result)
     checks = []
     with closing(_connect(path)) as db:
         for check in _judged(result):
-            node = _owner(check.scope, group)
+            node, uuid = _owner(check.scope, group), uuids.get(check.scope)
+            subject = (uuid,) if uuid else (node, check.scope)
             rows = db.execute(
-                "SELECT v.value FROM values_ v JOIN runs r ON r.id = v.run_id "
-                "WHERE v.node = ? AND v.name = ? AND v.scope = ? AND r.profile = ? AND r.verdict != 'ERROR' "
-                "ORDER BY r.started_at DESC, r.id DESC LIMIT ?",
-                (node, check.name, check.scope, result.profile, settings.window),
+                _PAST.format(subject=_BY_GPU if uuid else _BY_SCOPE),
+                (*subject, check.name, result.profile, settings.window),
             ).fetchall()
             if len(rows) < settings.min_runs:
                 continue
@@ -136,6 +213,7 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
             if worse_pct <= settings.tolerance_pct:
                 continue
             edge = median * (1 - sign * settings.tolerance_pct / 100)
+            whose = f"this GPU's ({short_uuid(uuid)})" if uuid else "this node's"
             checks.append(
                 Check(
                     name=f"drift.{check.name}",
@@ -145,7 +223,7 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
                     unit=check.unit,
                     scope=check.scope,
                     detail=(
-                        f"{_amount(check.value, check.unit)} is {worse_pct:.1f}% worse than this node's "
+                        f"{_amount(check.value, check.unit)} is {worse_pct:.1f}% worse than {whose} "
                         f"median {median:.4g} over its last {len(rows)} run(s) (tolerance "
                         f"{settings.tolerance_pct:g}%): see `gpuval history --node {node}` and what changed "
                         "(driver, clocks, cooling, firmware)"
@@ -156,10 +234,10 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
 
 
 def record(path: Path, result: Result) -> int:
-    """Store the run and its judged values; returns the run's id."""
+    """Store the run and its judged values (a GPU's with its UUID); returns the run's id."""
     import json
 
-    group = _group(result)
+    group, uuids = _group(result), gpu_uuids(result)
     with closing(_connect(path)) as db, db:
         cursor = db.execute(
             "INSERT INTO runs (started_at, profile, verdict, nodes, gpuval_version, command) "
@@ -175,9 +253,17 @@ def record(path: Path, result: Result) -> int:
         )
         run_id = int(cursor.lastrowid or 0)
         db.executemany(
-            "INSERT INTO values_ (run_id, node, name, scope, value, unit) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO values_ (run_id, node, name, scope, value, unit, gpu_uuid) VALUES (?,?,?,?,?,?,?)",
             [
-                (run_id, _owner(c.scope, group), c.name, c.scope, float(c.value or 0.0), c.unit)
+                (
+                    run_id,
+                    _owner(c.scope, group),
+                    c.name,
+                    c.scope,
+                    float(c.value or 0.0),
+                    c.unit,
+                    uuids.get(c.scope),
+                )
                 for c in _judged(result)
             ],
         )
@@ -221,27 +307,37 @@ def last_passing_run(path: Path, node: str) -> datetime | None:
 
 
 def trends(path: Path, node: str, last: int = 10) -> list[dict[str, Any]]:
-    """Per check on `node`: its values over the last runs (oldest first), their median, latest vs median."""
+    """Per check on `node`: its values over the last runs (oldest first), their median, latest vs median.
+
+    A GPU's check is one series per GPU (UUID), with its values from every slot and node it was in, shown
+    under the node and scope it was last measured in (a GPU since moved to another node is that node's);
+    any other check is one series per scope."""
     with closing(_connect(path)) as db:
         rows = db.execute(
-            "SELECT v.name, v.scope, v.value, v.unit FROM values_ v JOIN runs r ON r.id = v.run_id "
-            "WHERE v.node = ? OR r.nodes = ? ORDER BY r.started_at, r.id",
-            (node, node),
+            "SELECT v.name, v.scope, v.node, v.gpu_uuid, v.value, v.unit FROM values_ v "
+            "JOIN runs r ON r.id = v.run_id WHERE v.node = ? OR r.nodes = ? OR v.gpu_uuid IN "
+            "(SELECT gpu_uuid FROM values_ WHERE node = ? AND gpu_uuid IS NOT NULL) "
+            "ORDER BY r.started_at, r.id",
+            (node, node, node),
         ).fetchall()
-    series: dict[tuple[str, str], list[float]] = {}
-    units: dict[tuple[str, str], str] = {}
-    for name, scope, value, unit in rows:
-        series.setdefault((name, scope), []).append(value)
-        units[(name, scope)] = unit
+    series: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for name, scope, owner, uuid, value, unit in rows:
+        item = series.setdefault((name, uuid or "", "" if uuid else scope), {"values": []})
+        item["values"].append(value)
+        item.update(name=name, scope=scope, node=owner, gpu_uuid=uuid, unit=unit)  # the latest row's
     out = []
-    for (name, scope), values in sorted(series.items()):
-        recent = values[-last:]
+    for item in sorted(series.values(), key=lambda i: (i["name"], i["scope"], i["gpu_uuid"] or "")):
+        if item["gpu_uuid"] and item["node"] != node:
+            continue  # the GPU was last measured on another node
+        recent = item["values"][-last:]
         median = statistics.median(recent)
         out.append(
             {
-                "name": name,
-                "scope": scope,
-                "unit": units[(name, scope)],
+                "name": item["name"],
+                "scope": item["scope"],
+                "node": item["node"],
+                "gpu_uuid": item["gpu_uuid"],
+                "unit": item["unit"],
                 "values": recent,
                 "median": median,
                 "latest_vs_median_pct": (recent[-1] - median) / abs(median) * 100 if median else None,

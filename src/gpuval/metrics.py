@@ -41,6 +41,9 @@ class Metric:
     hint: str = ""  # what to look at when it misses its bound; '' falls back to the measurement's hint
     description: str = ""  # a few words for a plot axis or a table
     plot: bool = False  # drawn in its measurement's report plot
+    # the one metric `gpuval compare` shows for its measurement in its summary; unset, the first plotted
+    # compared metric is, else the first compared one declared (MeasurementDecl.headline_keys)
+    headline: bool = False
 
     def __post_init__(self) -> None:
         if self.better not in (-1, 0, 1):
@@ -72,6 +75,8 @@ class MeasurementDecl:
         keys = [m.key for m in self.metrics]
         if len(set(keys)) != len(keys):
             raise ValueError(f"measurement '{self.name}' declares a metric twice: {keys}")
+        if sum(m.headline for m in self.metrics) > 1:
+            raise ValueError(f"measurement '{self.name}' declares more than one headline metric")
 
     def find(self, key: str) -> Metric | None:
         """The declared metric `key`, its derived spread companion, or a wildcard family member."""
@@ -88,6 +93,12 @@ class MeasurementDecl:
 
     def plotted(self) -> list[Metric]:
         return [m for m in self.metrics if m.plot]
+
+    def headline_keys(self) -> list[str]:
+        """The compared metrics, the one to summarise the measurement by first: the declared headline,
+        then the plotted ones (what its report draws), then the rest in declared order."""
+        compared = [m for m in self.metrics if m.compared]
+        return [m.key for m in sorted(compared, key=lambda m: (not m.headline, not m.plot))]
 
 
 class UndeclaredMetric(KeyError):

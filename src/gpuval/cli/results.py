@@ -46,17 +46,25 @@ def report(
 
 @exits
 def compare(
-    before: Annotated[Path, typer.Argument(help="result.json of the earlier run")],
-    after: Annotated[Path, typer.Argument(help="result.json of the later run")],
+    before: Annotated[Path, typer.Argument(help="result.json of the earlier run (A)")],
+    after: Annotated[Path, typer.Argument(help="result.json of the later run (B)")],
     fail_on_regression: Annotated[
         float | None,
-        typer.Option(help="exit 1 when any measurement got worse by more than this many percent", min=0),
+        typer.Option(
+            help="exit 1 when any measurement got worse by more than this many percent (also the tolerance "
+            "within which a measurement counts as unchanged; 0 without it)",
+            min=0,
+        ),
     ] = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="every compared metric, not one headline row per measurement")
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> int:
-    """Every measurement both results share, side by side: absolute and % change, better or worse."""
+    """Every measurement both results share, side by side: its headline metric's change and whether the
+    measurement as a whole got better or worse (--all: every metric)."""
     from gpuval.report.compare import compare as compare_results
-    from gpuval.report.compare import regressions, to_json
+    from gpuval.report.compare import lost_metrics, summarize, to_json
     from gpuval.report.console import print_comparison
     from gpuval.results import load_result
 
@@ -66,29 +74,35 @@ def compare(
         raise UsageError(
             f"{before} and {after} share no measurement: compare runs of the same benchmarks and scopes"
         )
-    worse = regressions(rows, fail_on_regression or 0.0)
+    summaries = summarize(rows, fail_on_regression or 0.0)
     if json_:
-        sys.stdout.write(to_json(rows, unmatched, worse))
+        sys.stdout.write(to_json(rows, unmatched, summaries))
     else:
-        print_comparison(rows, unmatched, str(before), str(after), console)
+        print_comparison(rows, unmatched, str(before), str(after), console, summaries=summaries, every=all_)
     if fail_on_regression is None:
         return EXIT_PASS
-    if later.verdict.value == "ERROR" or unmatched["only_before"]:  # a run that lost measurements regressed
+    lost = lost_metrics(earlier, later)
+    if later.verdict.value == "ERROR" or unmatched["only_before"] or lost:  # a run that lost some regressed
         why = [f"its verdict is {later.verdict.value}"] if later.verdict.value == "ERROR" else []
         if unmatched["only_before"]:
             why.append(f"it lost {unmatched['only_before']} measurement(s) that {before} has")
+        if lost:
+            why.append(f"it lost {lost} metric(s) of measurements that {before} has")
         say(
             f"gpuval: {after}: {' and '.join(why)}; find out why with gpuval report {after}",
             err=True,
             soft_wrap=True,
         )
         return EXIT_FAIL
+    worse = [summary for summary in summaries if summary.verdict == "worse"]
     if not worse:
         return EXIT_PASS
     first = worse[0]
+    key = (first.name, first.scope, first.identity, first.worse[0])  # its headline, when that got worse
+    row = next(r for r in rows if (r.name, r.scope, r.identity, r.metric) == key)
     say(
         f"gpuval: {len(worse)} measurement(s) regressed more than {fail_on_regression:g} %, e.g. "
-        f"{first.name} {first.scope} {first.identity} {first.metric}: {first.before:.4g} → {first.after:.4g}",
+        f"{row.name} {row.scope} {row.identity} {row.metric}: {row.before:.4g} → {row.after:.4g}",
         err=True,
         soft_wrap=True,
     )

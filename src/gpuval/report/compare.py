@@ -1,6 +1,12 @@
 """Before/after: every measurement two results share, side by side, with its change and whether it got
 better or worse (`gpuval compare A.json B.json`).
 
+Each metric compared is a Row; a measurement (one collective size, one GPU's matmul) is judged once, as a
+whole, by its Summary: worse when any of its compared metrics got worse beyond the tolerance (algbw,
+busbw and time of one collective are one regression, not three), better when none did and one got
+better beyond it, the same otherwise. The summary shows one headline metric per measurement, chosen by
+its declaration (MeasurementDecl.headline_keys).
+
 A measurement is matched by its name, scope and identity parameters (a collective's size and dtype, a
 training run's model, mode and sequence length), not by how it was run (iterations, kernels, CUDA graph),
 so a tuning change compares against the run before it. The identity parameters, whether higher is better
@@ -10,6 +16,7 @@ is shown and never judged.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,6 +36,22 @@ class Row:
     after: float
     change_pct: float | None  # (after - before) / before; None when before is 0
     better: bool | None  # None: unknown direction or no change
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One measurement of both results, judged as a whole, shown by its headline metric."""
+
+    name: str
+    scope: str
+    identity: str
+    metric: str  # the headline metric: before, after and change_pct are its
+    before: float
+    after: float
+    change_pct: float | None
+    verdict: str  # "better", "worse" or "same" (within the tolerance, or no direction)
+    worse: tuple[str, ...]  # the compared metrics that got worse beyond the tolerance, the headline first
+    better: tuple[str, ...]  # ... and those that got better beyond it
 
 
 def _identity(measurement: Measurement) -> str:
@@ -53,32 +76,94 @@ def _index(result: Result) -> dict[tuple[str, str, str, str], float]:
 
 
 def compare(before: Result, after: Result) -> tuple[list[Row], dict[str, int]]:
-    """Rows for every shared measurement metric, and how many were only in one of the two results."""
+    """Rows for every metric of the measurements both results have, and how many measurements only one
+    result has (`only_before`, `only_after`)."""
     a, b = _index(before), _index(after)
+    measured_a, measured_b = {key[:3] for key in a}, {key[:3] for key in b}
     rows = []
-    for key in sorted(a.keys() & b.keys()):
+    for key in a:  # in the earlier result's order, so a sweep stays ordered by size
+        if key not in b:
+            continue
         name, scope, identity, metric = key
         old, new = a[key], b[key]
         change = (new - old) / abs(old) * 100 if old else (0.0 if new == old else None)
         sign = metrics.direction(name, metric)
         better = None if sign == 0 or new == old else (new - old) * sign > 0
         rows.append(Row(name, scope, identity, metric, old, new, change, better))
-    return rows, {"only_before": len(a.keys() - b.keys()), "only_after": len(b.keys() - a.keys())}
+    return rows, {"only_before": len(measured_a - measured_b), "only_after": len(measured_b - measured_a)}
+
+
+def lost_metrics(before: Result, after: Result) -> int:
+    """Compared metrics of a measurement both results have that only the earlier one has a value of (a
+    metric that became null, a NaN when measured, is lost, not unchanged)."""
+    a, b = _index(before), _index(after)
+    measured_b = {key[:3] for key in b}
+    return sum(key[:3] in measured_b for key in a.keys() - b.keys())
+
+
+def _beyond(row: Row, threshold_pct: float) -> bool:
+    """The change is larger than `threshold_pct` percent (a change from 0 always is)."""
+    return row.change_pct is None or abs(row.change_pct) > threshold_pct
 
 
 def regressions(rows: list[Row], threshold_pct: float) -> list[Row]:
     """Rows that got worse by more than `threshold_pct` percent (a worse value from 0 always counts)."""
-    return [
-        row
-        for row in rows
-        if row.better is False and (row.change_pct is None or abs(row.change_pct) > threshold_pct)
-    ]
+    return [row for row in rows if row.better is False and _beyond(row, threshold_pct)]
 
 
-def to_json(rows: list[Row], unmatched: dict[str, int], worse: list[Row]) -> str:
+def _headline(name: str, rows: list[Row]) -> Row:
+    """The row of the measurement's headline metric: the first of its declaration's headline_keys it
+    has (a key may be a '*' family), else its first compared metric."""
+    decl = metrics.measurement(name)
+    for pattern in decl.headline_keys() if decl else []:
+        for row in rows:
+            if fnmatch.fnmatchcase(row.metric, pattern):
+                return row
+    return rows[0]
+
+
+def summarize(rows: list[Row], threshold_pct: float) -> list[Summary]:
+    """One Summary per measurement of `rows` (name, scope, identity), in the rows' order."""
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.name, row.scope, row.identity), []).append(row)
+    summaries = []
+    for (name, scope, identity), group in groups.items():
+        head = _headline(name, group)
+        ordered = sorted(group, key=lambda r: r is not head)  # the headline first, then as measured
+        worse = tuple(r.metric for r in ordered if r.better is False and _beyond(r, threshold_pct))
+        better = tuple(r.metric for r in ordered if r.better is True and _beyond(r, threshold_pct))
+        verdict = "worse" if worse else "better" if better else "same"
+        change = head.change_pct
+        summary = Summary(
+            name, scope, identity, head.metric, head.before, head.after, change, verdict, worse, better
+        )
+        summaries.append(summary)
+    return summaries
+
+
+def totals(summaries: list[Summary], unmatched: dict[str, int]) -> dict[str, int]:
+    """How many measurements were compared, regressed, improved and stayed the same; how many only one
+    result has."""
+    count = {verdict: sum(s.verdict == verdict for s in summaries) for verdict in ("worse", "better", "same")}
+    return {
+        "compared": len(summaries),
+        "regressions": count["worse"],
+        "improvements": count["better"],
+        "unchanged": count["same"],
+        "only_before": unmatched["only_before"],
+        "only_after": unmatched["only_after"],
+    }
+
+
+def to_json(rows: list[Row], unmatched: dict[str, int], summaries: list[Summary]) -> str:
+    """Every metric row, and each measurement's summary; `regressions` lists the measurements that got
+    worse (one entry per measurement, however many of its metrics did)."""
     document: dict[str, Any] = {
         "rows": [asdict(row) for row in rows],
         "unmatched": unmatched,
-        "regressions": [asdict(row) for row in worse],
+        "measurements": [asdict(summary) for summary in summaries],
+        "totals": totals(summaries, unmatched),
+        "regressions": [asdict(summary) for summary in summaries if summary.verdict == "worse"],
     }
     return json.dumps(document, indent=2) + "\n"

@@ -206,39 +206,77 @@ _RENDERERS = {
 
 
 if TYPE_CHECKING:  # the compare table only names the type: report.compare stays unimported until used
-    from gpuval.report.compare import Row
+    from gpuval.report.compare import Row, Summary
 
 
 def print_comparison(
-    rows: list[Row], unmatched: dict[str, int], before: str, after: str, console: Console
+    rows: list[Row],
+    unmatched: dict[str, int],
+    before: str,
+    after: str,
+    console: Console,
+    summaries: list[Summary],
+    every: bool = False,
 ) -> None:
-    """`gpuval compare`: every measurement both runs share (report.compare's rows), side by side, green
-    when it got better and red when worse, then how many of each and how many only one run has."""
-    table = Table(title=escape(f"gpuval compare · {before} → {after}"), title_justify="left")
+    """`gpuval compare`: a row per measurement both runs share (report.compare's summaries) with its
+    headline metric in A and B, the change and the measurement's verdict, green when better and red when
+    worse; with `every`, a row per compared metric (report.compare's rows). Then the totals."""
+    from gpuval.report.compare import totals
+
+    table = Table(title=escape(f"gpuval compare · A {before} → B {after}"), title_justify="left")
     for column in ("measurement", "scope", "which", "metric"):
         table.add_column(column, overflow="fold")
-    for column in ("before", "after", "change"):
+    for column in ("A", "B", "change"):
         table.add_column(column, justify="right", no_wrap=True)
-    for row in rows:
-        style = {True: "green", False: "red", None: "dim"}[row.better]
-        change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
-        table.add_row(
-            escape(row.name),
-            escape(row.scope),
-            escape(row.identity),
-            escape(row.metric),
-            f"{row.before:.4g}",
-            f"{row.after:.4g}",
-            f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
-        )
+    if every:
+        for row in rows:
+            style = {True: "green", False: "red", None: "dim"}[row.better]
+            change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
+            table.add_row(
+                escape(row.name),
+                escape(row.scope),
+                escape(row.identity),
+                escape(row.metric),
+                f"{row.before:.4g}",
+                f"{row.after:.4g}",
+                f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
+            )
+    else:
+        table.add_column("verdict", overflow="fold")
+        for summary in summaries:
+            style = {"better": "green", "worse": "red", "same": "dim"}[summary.verdict]
+            change = f"{summary.change_pct:+.1f} %" if summary.change_pct is not None else "new from 0"
+            # a measurement worse on another metric than the one shown says which
+            hidden = summary.worse and summary.metric not in summary.worse
+            verdict = f"worse: {', '.join(summary.worse)}" if hidden else summary.verdict
+            table.add_row(
+                escape(summary.name),
+                escape(summary.scope),
+                escape(summary.identity),
+                escape(summary.metric),
+                f"{summary.before:.4g}",
+                f"{summary.after:.4g}",
+                f"[{style}]{change}[/]",
+                f"[{style}]{escape(verdict)}[/]",
+            )
     console.print(table)
-    better = sum(row.better is True for row in rows)
-    worse = sum(row.better is False for row in rows)
+    if every:
+        better = sum(row.better is True for row in rows)
+        worse = sum(row.better is False for row in rows)
+        console.print(
+            f"{len(rows)} metrics compared: {better} better, {worse} worse, {len(rows) - better - worse} "
+            "unchanged or not judged"
+        )
+    count = totals(summaries, unmatched)
     console.print(
-        f"{len(rows)} shared: {better} better, {worse} worse, {len(rows) - better - worse} "
-        f"unchanged or not judged; {unmatched['only_before']} only before, "
-        f"{unmatched['only_after']} only after"
+        f"{_count(count['compared'], 'measurement')} compared: {_count(count['regressions'], 'regression')}, "
+        f"{_count(count['improvements'], 'improvement')}, {count['unchanged']} unchanged; "
+        f"{count['only_before']} only in A, {count['only_after']} only in B"
     )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def print_history(
@@ -249,7 +287,10 @@ def print_history(
     last: int,
     console: Console,
 ) -> None:
-    """`gpuval history`: the runs (history.runs) and the node's trend per check (history.trends)."""
+    """`gpuval history`: the runs (history.runs) and the node's trend per check (history.trends), a GPU's
+    by its UUID (short form) and the node it was last measured on."""
+    from gpuval.history import short_uuid
+
     table = Table(title=escape(f"gpuval history · {path}"), title_justify="left")
     for column in ("run", "started", "profile", "verdict", "nodes"):
         table.add_column(column)
@@ -257,13 +298,15 @@ def print_history(
         table.add_row(*(escape(str(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
     console.print(table)
     trend_table = Table(title=escape(f"trends · node {node} · last {last} runs"), title_justify="left")
-    for column in ("check", "scope", "values (oldest → latest)", "median", "latest vs median"):
+    for column in ("check", "scope", "gpu", "node", "values (oldest → latest)", "median", "latest vs median"):
         trend_table.add_column(column, overflow="fold")
     for item in series:
         change = item["latest_vs_median_pct"]
         trend_table.add_row(
             escape(item["name"]),
             escape(item["scope"]),
+            escape(short_uuid(item["gpu_uuid"])) if item.get("gpu_uuid") else "",
+            escape(item.get("node", "")),
             " ".join(f"{v:.4g}" for v in item["values"]),
             f"{item['median']:.4g} {item['unit']}".strip(),
             "" if change is None else f"{change:+.1f} %",
