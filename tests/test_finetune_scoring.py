@@ -298,36 +298,41 @@ def _ast(arguments: dict, name: str = "book_hotel", reference: dict = REFERENCE)
 @pytest.mark.parametrize(
     ("arguments", "ok", "why"),
     [
-        ({**NY, "budget": 250.0}, True, "the reference itself"),
-        (NY, True, "an optional argument left out"),
-        (
-            {**NY, "budget": 250.0, "breakfast": False},
-            True,
-            "optional at its default",
-        ),
-        (
-            {**NY, "breakfast": True},
-            False,
-            "optional, not the reference nor default",
-        ),
-        ({**NY, "rooms": 1}, True, "optional at its default (integer)"),
-        (
-            {**NY, "budget": 300.0},
-            False,
-            "optional given, differs from the reference",
-        ),
+        (REFERENCE["arguments"], True, "the reference itself, optional breakfast and rooms left out"),
+        (NY, False, "an optional argument the reference set, not at a default, left out"),
+        ({**NY, "budget": 250.0, "breakfast": False}, True, "an optional argument at its default"),
+        ({**NY, "budget": 250.0, "rooms": 1}, True, "an optional argument at its default (integer)"),
+        ({**NY, "budget": 250.0, "breakfast": True}, False, "optional, neither the reference nor default"),
+        ({**NY, "budget": 250.0, "rooms": 2}, False, "optional, neither the reference nor default"),
+        ({**NY, "budget": 300.0}, False, "an optional argument given, not the reference's value"),
         ({"city": "New York", "budget": 250.0}, False, "a required argument missing"),
-        ({**NY, "pets": True}, False, "a parameter the function does not have"),
+        ({**NY, "budget": 250.0, "pets": True}, False, "a parameter the function does not have"),
         ({**NY, "budget": 250}, True, "an integer for a number"),
-        ({"city": "New York", "nights": 3.0}, False, "a float for an integer: BFCL's type error"),
-        ({"city": "New York", "nights": "3"}, False, "a string for an integer"),
-        ({"city": "new-york", "nights": 3}, True, "strings standardised: case, '-', spaces"),
-        ({"city": "New York!", "nights": 3}, False, "'!' is not among what BFCL strips"),
-        ({"city": "New York", "nights": True}, False, "a boolean is not an integer"),
+        ({"city": "New York", "nights": 3.0, "budget": 250.0}, False, "a float for an integer"),
+        ({"city": "New York", "nights": "3", "budget": 250.0}, False, "a numeric string for an integer"),
+        ({"city": "New York", "nights": True, "budget": 250.0}, False, "a boolean is not an integer"),
+        ({**NY, "budget": "250"}, False, "a numeric string for a number"),
+        ({"city": "new-york", "nights": 3, "budget": 250.0}, True, "strings standardised: case, '-'"),
+        ({"city": "NewYork", "nights": 3, "budget": 250.0}, True, "strings standardised: spaces"),
+        ({"city": "New York!", "nights": 3, "budget": 250.0}, False, "'!' is not among what BFCL strips"),
+        ({"city": "Newark", "nights": 3, "budget": 250.0}, False, "another string"),
     ],
 )
 def test_ast_match_hand_written(arguments, ok, why):
     assert _ast(arguments) is ok, why
+
+
+def test_ast_match_optional_arguments_against_the_reference_and_default():
+    """BFCL's possible answers: an optional argument the reference gives at its default may be left out
+    (BFCL lists it with ""); one it gives at another value must be given at that value."""
+    at_default = {"name": "book_hotel", "arguments": {**NY, "rooms": 1}}
+    assert _ast(NY, reference=at_default)
+    assert _ast({**NY, "rooms": 1}, reference=at_default)
+    assert not _ast({**NY, "rooms": 3}, reference=at_default)
+    other = {"name": "book_hotel", "arguments": {**NY, "rooms": 2}}
+    assert _ast({**NY, "rooms": 2}, reference=other)
+    assert not _ast(NY, reference=other)  # BFCL: "Optional parameter not provided"
+    assert not _ast({**NY, "rooms": 1}, reference=other)  # the default is not what was asked
 
 
 def test_ast_match_name_and_arrays_and_no_schema():
@@ -337,11 +342,30 @@ def test_ast_match_name_and_arrays_and_no_schema():
     ref = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 1, "tags": ["Sea View", "quiet"]}}
     assert _ast({"city": "Oslo", "nights": 1, "tags": ["seaview", "Quiet"]}, reference=ref)
     assert not _ast({"city": "Oslo", "nights": 1, "tags": ["quiet", "Sea View"]}, reference=ref)  # order
+    assert not _ast({"city": "Oslo", "nights": 1, "tags": ["Sea View", 2]}, reference=ref)  # item type
+    assert not _ast({"city": "Oslo", "nights": 1, "tags": "Sea View, quiet"}, reference=ref)  # not a list
     # without a schema every reference argument is required and nothing else is allowed
     bare = {"name": "f", "arguments": {"a": 1}}
     assert ast_match({"name": "f", "arguments": {"a": 1.0}}, bare, None)
     assert not ast_match({"name": "f", "arguments": {}}, bare, None)
     assert not ast_match({"name": "f", "arguments": {"a": 1, "b": 2}}, bare, None)
+
+
+def test_ast_match_a_reference_typed_unlike_its_schema_passes_its_own_type():
+    """BFCL accepts a value of the reference's type where it differs from the schema's (its rule for
+    variables); so a dataset's reference always matches itself."""
+    odd = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": "2"}}
+    assert _ast({"city": "Oslo", "nights": "2"}, reference=odd)
+    assert not _ast({"city": "Oslo", "nights": "3"}, reference=odd)
+    assert not _ast({"city": "Oslo", "nights": 2}, reference=odd)  # a schema-typed value, unequal to "2"
+
+
+def test_ast_match_wrapped_tool_schema():
+    from gpuval.finetune.scoring import ast_match
+
+    wrapped = {"type": "function", "function": HOTEL}
+    assert ast_match({"name": "book_hotel", "arguments": REFERENCE["arguments"]}, REFERENCE, wrapped)
+    assert not ast_match({"name": "book_hotel", "arguments": {**NY, "pets": 1}}, REFERENCE, wrapped)
 
 
 def test_score_reports_ast_accuracy_beside_the_strict_one():
@@ -367,3 +391,17 @@ def test_score_reports_ast_accuracy_beside_the_strict_one():
     assert score([{**both, "predicted": [second, REFERENCE]}])["ast_accuracy"] == 1.0
     assert score([{**both, "predicted": [second, REFERENCE, second]}])["ast_accuracy"] == 0.0
     assert score([{**both, "predicted": [second, REFERENCE], "json_valid": False}])["ast_accuracy"] == 0.0
+    assert score([{**both, "predicted": [second]}])["ast_accuracy"] == 0.0  # one call missing
+    wrong_second = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 2}}
+    assert score([{**both, "predicted": [wrong_second, REFERENCE]}])["ast_accuracy"] == 0.0
+
+
+def test_ast_accuracy_on_examples_that_expect_no_call():
+    """A case that expects no call passes only when no call is made: no parsed call, no block, valid."""
+    quiet = {"expected": [], "json_valid": True, "tools": [HOTEL]}
+    assert score([{**quiet, "predicted": []}])["ast_accuracy"] == 1.0
+    assert score([{**quiet, "predicted": [REFERENCE]}])["ast_accuracy"] == 0.0
+    assert score([{**quiet, "predicted": [], "block_count": 1, "json_valid": False}])["ast_accuracy"] == 0.0
+    # and a case that expects a call fails when the model makes none
+    missed = {"expected": [REFERENCE], "predicted": [], "json_valid": True, "tools": [HOTEL]}
+    assert score([missed])["ast_accuracy"] == 0.0 and score([missed])["exact_call_accuracy"] == 0.0

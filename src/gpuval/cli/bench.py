@@ -58,6 +58,10 @@ def bench(
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime()
+        if output is not None:  # the libraries' warnings and loading bars: to a log beside the document
+            from gpuval.quiet import route_third_party_output
+
+            route_third_party_output(output.parent if str(output.parent) else Path("."), runtime.rank)
         began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
         try:
             if not runtime.on_gpu and (problem := cpu_rank_problem()):

@@ -163,37 +163,39 @@ def evaluate(
     model.eval()
     progress = _progress() if show_progress and runtime.is_main else None
     result: dict[str, Any] = {"splits": {name: {} for name in splits}, "predictions": {}}
-    for variant in variants:
-        merged = variant == "tuned" and has_adapter and hasattr(model, "merge_adapter")
-        if merged:
-            model.merge_adapter()
-        try:
-            for name, records in splits.items():
-                started = time.perf_counter()
-                context = model.disable_adapter() if variant == "base" else nullcontext()
-                task = progress.add_task(f"eval {name} ({variant})", total=None) if progress else None
-                with context:
-                    metrics, texts = evaluate_split(
-                        model,
-                        tokenizer,
-                        records,
-                        batch_size,
-                        max_new_tokens,
-                        runtime,
-                        (progress, task) if progress else None,
-                    )
-                metrics["seconds"] = round(time.perf_counter() - started, 2)
-                result["splits"][name][variant] = metrics
-                result["predictions"][f"{variant}/{name}"] = texts
-                log(
-                    f"eval {name} ({variant}): {metrics['examples']} examples, {HEADLINE} "
-                    f"{_fmt(metrics[HEADLINE])} in {metrics['seconds']:.1f} s"
-                )
-        finally:
+    try:
+        for variant in variants:
+            merged = variant == "tuned" and has_adapter and hasattr(model, "merge_adapter")
             if merged:
-                model.unmerge_adapter()
-    if progress:
-        progress.stop()
+                model.merge_adapter()
+            try:
+                for name, records in splits.items():
+                    started = time.perf_counter()
+                    context = model.disable_adapter() if variant == "base" else nullcontext()
+                    task = progress.add_task(f"eval {name} ({variant})", total=None) if progress else None
+                    with context:
+                        metrics, texts = evaluate_split(
+                            model,
+                            tokenizer,
+                            records,
+                            batch_size,
+                            max_new_tokens,
+                            runtime,
+                            (progress, task) if progress else None,
+                        )
+                    metrics["seconds"] = round(time.perf_counter() - started, 2)
+                    result["splits"][name][variant] = metrics
+                    result["predictions"][f"{variant}/{name}"] = texts
+                    log(
+                        f"eval {name} ({variant}): {metrics['examples']} examples, {HEADLINE} "
+                        f"{_fmt(metrics[HEADLINE])} in {metrics['seconds']:.1f} s"
+                    )
+            finally:
+                if merged:
+                    model.unmerge_adapter()
+    finally:
+        if progress:
+            progress.stop()  # on an error too: the terminal is given back as it was
     # split by split, tuned before base, as eval.json, its predictions and the table have them
     order = [(name, v) for name in splits for v in ("tuned", "base") if v in result["splits"][name]]
     result["splits"] = {
@@ -211,7 +213,9 @@ def _progress() -> Any:
 
     class ExamplesPerSecond(ProgressColumn):
         def render(self, task: Any) -> Text:
-            speed = task.finished_speed or task.speed
+            # the split's average so far: rich's own estimate needs two updates, and a small split has one
+            elapsed = task.elapsed
+            speed = task.completed / elapsed if task.completed and elapsed else None
             return Text(f"{speed:.1f} examples/s" if speed else "- examples/s")
 
     progress = Progress(

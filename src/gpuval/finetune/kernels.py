@@ -294,8 +294,8 @@ def unfused_note(setting: str, on_gpu: bool, resolved: str) -> str | None:
     if setting != "auto" or not on_gpu or resolved != "torch":
         return None
     return (
-        "kernels: Liger-Kernel is not installed, so the loss is not fused and transformers' own kernels run "
-        "(slower, and the logits take memory): pip install 'gpuval[gpu]'"
+        "kernels: Liger-Kernel is not installed: its fused linear + cross-entropy, RMSNorm, SwiGLU and RoPE "
+        "fall back to transformers' own (slower, full logits in memory); pip install 'gpuval[gpu]'"
     )
 
 

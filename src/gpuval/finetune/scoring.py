@@ -15,13 +15,14 @@ prepared records give it).
   whitespace collapsed, lists in order element-wise, dicts recursively, booleans strictly (True != 1),
   `None` only to `None`; no other cross-type match ("3" != 3).
 
-`ast_match` is the Berkeley Function Calling Leaderboard's own, more lenient rule (its AST checker), so
-scores can be set beside BFCL-style ones: the name must match; every `required` parameter must be present
-and no parameter may fall outside the schema; a value must have the schema's type, an integer passing for
-a `number`; each given value must equal the reference's (or, for an optional parameter the reference left
-out, the schema's `default`), strings compared as BFCL standardises them (lower case, without spaces and
-`,./-_*^`, single quotes as double); an optional parameter may be left out. `score` reports it as
-`ast_accuracy` beside the strict `exact_call_accuracy`.
+`ast_match` is the Berkeley Function Calling Leaderboard's own, more lenient rule (its AST checker), so scores
+can be set beside BFCL-style ones: the name must match; every `required` parameter must be present and no
+parameter may fall outside the schema; a value must have the schema's type (an integer passing for a `number`,
+array items checked one level deep) or the reference value's type; a given value must equal the reference's,
+or, for an optional parameter the reference left out, the schema's `default`; strings are compared as BFCL
+standardises them (lower case, without spaces and `,./-_*^`, single quotes as double); an optional parameter
+may be left out when the reference left it out or gave it at its default. `score` reports it as `ast_accuracy`
+beside the strict `exact_call_accuracy`.
 
 `score` aggregates examples. Zero denominators give `None` (never 0.0 or NaN); F1 is `None` when precision
 or recall is `None`, and 0.0 when both are 0.
@@ -118,13 +119,18 @@ def match_call(
 
 
 _BFCL_STRIP = re.compile(r"[ ,./\-_*^]")  # what BFCL's checker removes from strings before comparing
+# JSON-schema types, and BFCL's own names for them (its Python type mapping: float, dict, tuple, any)
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
-    "number": (int, float),  # BFCL accepts an int where a float is described
+    "number": (int, float),  # BFCL accepts an int where a float is described, not the other way round
+    "float": (int, float),
     "boolean": (bool,),
     "array": (list,),
+    "tuple": (list,),
     "object": (dict,),
+    "dict": (dict,),
+    "any": (str,),
 }
 
 
@@ -141,6 +147,19 @@ def _typed(value: Any, kind: Any) -> bool:
     if isinstance(value, bool):
         return bool in allowed
     return isinstance(value, allowed)
+
+
+def _type_ok(value: Any, spec: dict[str, Any], reference: Any, has_reference: bool) -> bool:
+    """BFCL's type check: the schema's type, an array's items one level deep; a value of another type
+    passes when it has the reference value's type (BFCL's rule for an answer typed unlike its schema), an
+    array item when it has the type of the reference's first item."""
+    if not _typed(value, spec.get("type")):
+        return has_reference and type(value) is type(reference)
+    items = spec.get("items")
+    if not (isinstance(value, list) and isinstance(items, dict)):
+        return True
+    like = type(reference[0]) if isinstance(reference, list) and reference else None
+    return all(_typed(item, items.get("type")) or type(item) is like for item in value)
 
 
 def _ast_equal(predicted: Any, expected: Any) -> bool:
@@ -161,7 +180,12 @@ def _ast_equal(predicted: Any, expected: Any) -> bool:
 
 
 def ast_match(predicted: dict[str, Any], expected: dict[str, Any], schema: dict[str, Any] | None) -> bool:
-    """One predicted call against one expected call by BFCL's AST rules (module docstring)."""
+    """One predicted call against one expected call by BFCL's AST rules (module docstring).
+
+    BFCL scores against a list of possible answers per parameter, `""` marking one that may be left out.
+    Here a parameter the reference gives has its value as the one answer (and `""` when it is optional and
+    the value is the schema's `default`); an optional one the reference leaves out has the `default` and
+    `""`."""
     if predicted.get("name") != expected.get("name"):
         return False
     pred_args = predicted.get("arguments") or {}
@@ -172,18 +196,24 @@ def ast_match(predicted: dict[str, Any], expected: dict[str, Any], schema: dict[
     else:  # no schema: the reference's arguments are the function's, all of them required
         properties, required = {name: {} for name in exp_args}, set(exp_args)
     if not required <= pred_args.keys():
-        return False
+        return False  # BFCL: "Missing required parameter"
     for name, value in pred_args.items():
         spec = properties.get(name)
         if not isinstance(spec, dict):
-            return False  # a parameter the function does not have
-        if not _typed(value, spec.get("type")):
+            return False  # BFCL: "Unexpected parameter"
+        if not _type_ok(value, spec, exp_args.get(name), name in exp_args):
             return False
         if name in exp_args:
             if not _ast_equal(value, exp_args[name]):
-                return False
+                return False  # BFCL: "Invalid value for parameter"
         elif not ("default" in spec and _ast_equal(value, spec["default"])):
             return False  # an optional argument the reference left out, given at a value not its default
+    for name, value in exp_args.items():
+        if name in pred_args or name in required:
+            continue
+        spec = properties.get(name)
+        if not (isinstance(spec, dict) and "default" in spec and _ast_equal(value, spec["default"])):
+            return False  # BFCL: "Optional parameter not provided and not marked as optional"
     return True
 
 
