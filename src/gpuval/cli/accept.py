@@ -23,7 +23,7 @@ from gpuval.cli.options import (
     progress,
     say,
 )
-from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
+from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, Interrupted
 
 
 @exits
@@ -35,6 +35,17 @@ def accept(
     nproc: NprocOption = None,
     json_: JsonResultOption = False,
     history: HistoryOption = None,
+    duration: Annotated[
+        str | None,
+        typer.Option(
+            help="soak: repeat the whole accept (health + benchmarks) for this long (90s, 30m, 2h) and judge "
+            "the iterations against each other; each one's result goes to iterations.jsonl (docs/soak.md)"
+        ),
+    ] = None,
+    iterations: Annotated[
+        int | None,
+        typer.Option(help="soak: repeat the whole accept N times (with --duration: whichever ends first)"),
+    ] = None,
 ) -> int:
     """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
     from gpuval.atomic import ensure_writable_dir
@@ -44,7 +55,9 @@ def accept(
     from gpuval.discover.pci import nvidia_gpus
     from gpuval.health.run import families
     from gpuval.history import history_path_from, open_history
+    from gpuval.soak import forget_earlier_run, soak_plan
 
+    soak = soak_plan(iterations, duration)  # a bad --duration or --iterations: said before anything runs
     name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
     loaded = load_profile(name, set_)
     families(loaded)  # an unknown name in health.skip is bad input: said before any rank starts
@@ -59,6 +72,8 @@ def accept(
         if history_path is not None:
             open_history(history_path)
         ensure_writable_dir(output)
+        if soak is not None:  # a result.json found after an interrupt (below) is then this soak's
+            forget_earlier_run(output)
 
     def work() -> int:
         from gpuval.accept import run_accept, with_drift, write_reports
@@ -72,13 +87,17 @@ def accept(
             if runtime.is_main and not json_:
                 say(
                     f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}",
+                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
+                    + (f"; soak: {soak.describe()}" if soak else ""),
                     err=True,
                 )
-            if runtime.is_main:
+
+            def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
+                if not runtime.is_main:
+                    return run_accept(runtime, loaded, plan, quick, history=history_path)
                 with progress() as bar:
                     tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
-                    result = run_accept(
+                    return run_accept(
                         runtime,
                         loaded,
                         plan,
@@ -88,8 +107,13 @@ def accept(
                         ),
                         history=history_path,
                     )
+
+            if soak is None:
+                result = once()
             else:
-                result = run_accept(runtime, loaded, plan, quick, history=history_path)
+                from gpuval.soak import run_soak
+
+                result = run_soak(runtime, soak, once, output, loaded, lambda line: say(line, err=True))
         finally:
             runtime.shutdown()
         if result is None:
@@ -104,10 +128,26 @@ def accept(
             say(f"wrote {', '.join(str(p) for p in paths)}")
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
-    return launch.run_distributed(
-        nproc,
-        work,
-        extra_argv,
-        gpus_expected=bool(loaded.expect.gpu_count),
-        timeout_s=loaded.runtime.timeout_s,
-    )
+    try:
+        return launch.run_distributed(
+            nproc,
+            work,
+            extra_argv,
+            gpus_expected=bool(loaded.expect.gpu_count),
+            timeout_s=loaded.runtime.timeout_s,
+        )
+    except Interrupted as stop:
+        # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
+        # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).
+        from gpuval.soak import read_summary
+
+        summary = read_summary(output) if soak is not None else None
+        if summary is None:
+            raise
+        done = summary.inventory["soak"].get("completed")
+        say(
+            f"gpuval: {Interrupted(stop.signum)}: the soak stopped after {done} iteration(s); its summary "
+            f"({summary.verdict.value}) is in {output / 'result.json'}",
+            err=True,
+        )
+        return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(summary.verdict.value, EXIT_ERROR)

@@ -24,6 +24,7 @@ from gpuval import metrics
 from gpuval.atomic import write_text_atomic
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.report.console import format_bound
+from gpuval.report.soak import soak_section
 from gpuval.results import Check, Measurement, Result, Status
 from gpuval.units import format_bytes
 
@@ -73,6 +74,7 @@ def render_html(result: Result) -> str:
         _banner(result),
         "<main>",
         _problems(result.checks),
+        soak_section(result, _figure, _svg),  # '' unless the result holds a soak's iterations
         _inventory(result),
         "<h2>Plots</h2>" + ("".join(drawn) or "<p>No measurement to plot in this result.</p>"),
         _all_checks(result.checks),
