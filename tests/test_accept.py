@@ -280,7 +280,7 @@ def test_benchmark_listed_without_a_check_runs(write_profile):
     [
         ("checks:\n  warp_drive.speed_gbps: {min: 1}\n", ("nothing measures 'warp_drive'",)),
         ("checks:\n  membw.copy_tbs: {min: 1}\n", ("no metric 'copy_tbs'", "did you mean 'membw.copy_tbps'")),
-        ("checks:\n  outliers.collectives_pct: {max: 5}\n", ("compares no benchmark", "outliers.matmul_pct")),
+        ("checks:\n  outliers.train_pct: {max: 5}\n", ("compares no benchmark", "outliers.matmul_pct")),
         ("checks:\n  outliers.matmul: {max: 5}\n", ("compares no benchmark",)),
         ("benchmarks:\n  matmull: {}\n", ("benchmarks.matmull: unknown benchmark", "matmul, membw")),
         ("benchmarks:\n  matmul: {repeatz: 2}\n", ("unknown key 'repeatz'", "did you mean 'repeats'")),

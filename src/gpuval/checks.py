@@ -1,5 +1,6 @@
 """Measurements held against a profile's thresholds, plus the checks every run makes on its own:
-exact collective results, and the slowest GPU or link against the median of its peers.
+exact collective results, the slowest GPU or link against the median of its peers, and, where
+collectives ran node pair by node pair, the node or link those pairs blame (gpuval.pairs).
 
 Units and hints come from the metric declarations (gpuval.metrics); the '.correct' check's metric is
 declared here, the derived 'outliers' measurement in gpuval.metrics.
@@ -10,16 +11,23 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from typing import Any
 
 from gpuval import metrics
 from gpuval.config import Profile, Threshold
 from gpuval.metrics import Metric
+from gpuval.pairs import Suspect, attribute, describe
 from gpuval.results import Check, Measurement, Status
 from gpuval.units import format_bytes
 
 # The '<measurement>.correct' check: wrong elements summed over a measurement's sizes. A check of its own,
 # judged exactly (any is a FAIL), so neither compared nor drift-checked.
 CORRECT = Metric("correct", "elements", -1, compared=False, description="wrong elements over all sizes")
+
+# Checks made whenever their measurement exists, with this bound unless the profile sets its own: accept
+# runs every pair of nodes on three or more nodes (collectives' also_pairs) whatever the profile lists,
+# and a node or link whose pairs reach less than 80% of their peers' is a FAIL.
+DEFAULT_CHECKS = {"outliers.collectives_pct": Threshold(max=20)}
 
 
 def gap_to_median_pct(values: list[float]) -> float:
@@ -38,6 +46,7 @@ def outlier_measurements(
     """
     derived = []
     for benchmark, candidates in outlier_metrics.items():
+        derived += pair_outliers(measurements, benchmark, candidates[0])
         measured = {key for m in measurements if m.name == benchmark for key in m.metrics}
         metric = next((c for c in candidates if c in measured), None)
         if metric is None:
@@ -70,6 +79,62 @@ def outlier_measurements(
     return derived
 
 
+_PAIR_HINTS = {
+    "node": "every pair with this node is slow: check its network adapters and ports (ibstat, port error "
+    "counters), their PCIe links and NUMA placement, and what else runs there; --set scope=node tests its "
+    "inside",
+    "link": "only this pair is slow, both nodes are fine with the others: check the cables, switch ports "
+    "and routes between the two (port error counters, ibdiagnet)",
+}
+
+
+def pair_outliers(measurements: list[Measurement], benchmark: str, metric: str) -> list[Measurement]:
+    """'outliers' measurements from the measurements made across two nodes (scope 'pair:A+B', params
+    'nodes'): one per node and per node's slowest pair, as gpuval.pairs.attribute blames them, worst first.
+
+    Metric `<benchmark>_pct` = how far the node's or link's pairs sit below their peers, in %; params
+    'finding' names it with its figures. Pairs are compared within one measured thing (name, bytes,
+    dtype); a node or link blamed in several keeps its worst.
+    """
+    groups: dict[tuple[str, Any, Any], dict[tuple[str, str], float]] = defaultdict(dict)
+    for m in measurements:
+        nodes, value = m.params.get("nodes"), m.metrics.get(metric)
+        if m.scope.startswith("pair:") and isinstance(nodes, list) and len(nodes) == 2 and value is not None:
+            measured = (m.name, m.params.get("bytes"), m.params.get("dtype"))
+            groups[measured][(str(nodes[0]), str(nodes[1]))] = value
+    worst: dict[str, tuple[Suspect, tuple[str, Any, Any]]] = {}
+    for measured, figures in groups.items():
+        for suspect in attribute(figures):
+            if suspect.scope not in worst or suspect.gap_pct > worst[suspect.scope][0].gap_pct:
+                worst[suspect.scope] = (suspect, measured)
+    derived = []
+    for scope, (suspect, (name, size, dtype)) in sorted(worst.items(), key=lambda item: -item[1][0].gap_pct):
+        where = f", {format_bytes(size)}" if isinstance(size, int) else ""
+        derived.append(
+            Measurement(
+                name="outliers",
+                scope=scope,
+                params={
+                    "benchmark": benchmark,
+                    "metric": metric,
+                    "measurement": name,
+                    "bytes": size,
+                    "dtype": dtype,
+                    "kind": suspect.kind,
+                    "slowest": scope,
+                    "slowest_value": suspect.value,
+                    "median": suspect.reference,
+                    "count": suspect.peers,
+                    "finding": f"{describe(suspect, metrics.unit(name, metric))} ({name}{where})",
+                    "hint": _PAIR_HINTS[suspect.kind],
+                },
+                metrics={f"{benchmark}_pct": suspect.gap_pct},
+                samples=suspect.peers,
+            )
+        )
+    return derived
+
+
 def _describe_bound(threshold: Threshold) -> str:
     parts = []
     if threshold.min is not None:
@@ -95,15 +160,23 @@ def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshol
         )
     low = threshold.min is not None and value < threshold.min
     high = threshold.max is not None and value > threshold.max
+    finding = measurement.params.get("finding")  # a derived measurement's own words for what it judged
     if not (low or high):
         status, detail = Status.PASS, f"{value:.4g} {unit}{where}, required {_describe_bound(threshold)}"
+        if finding:
+            detail = f"{finding}: {detail}"
     else:
         status = Status.WARN if threshold.level == "warn" else Status.FAIL
         detail = (
             f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(threshold)}: "
             f"{metrics.hint(measurement.name, metric)}"
         )
-        if measurement.name == "outliers":
+        if measurement.name == "outliers" and finding:
+            detail = (
+                f"{finding}: {value:.1f}% below, required {_describe_bound(threshold)}: "
+                f"{measurement.params.get('hint') or metrics.hint(measurement.name, metric)}"
+            )
+        elif measurement.name == "outliers":
             detail = (
                 f"{measurement.params['slowest']} is {value:.1f}% below the median "
                 f"{measurement.params['metric']} ({measurement.params['slowest_value']:.4g} vs "
@@ -132,7 +205,12 @@ def threshold_checks(
     `not_run` maps a benchmark to (SKIP|ERROR, reason); `producers` maps a measurement name to its benchmark.
     """
     checks: list[Check] = []
-    for name, threshold in profile.checks.items():
+    wanted = dict(profile.checks)
+    for name, threshold in DEFAULT_CHECKS.items():
+        target, metric = name.split(".", 1)
+        if name not in wanted and any(m.name == target and metric in m.metrics for m in measurements):
+            wanted[name] = threshold
+    for name, threshold in wanted.items():
         target, metric = name.split(".", 1)
         matches = [
             m

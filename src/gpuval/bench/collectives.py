@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuval.bench._pairs import run_pairs
 from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
 from gpuval.metrics import MeasurementDecl, Metric
@@ -211,7 +212,20 @@ class CollectiveOptions(BaseModel):
     warmup: int = Field(5, ge=0)
     iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
     repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
-    scope: Literal["world", "node"] = Field("world", description="'node': each node runs alone (NVLink only)")
+    scope: Literal["world", "node", "pairs"] = Field(
+        "world",
+        description="'node': each node runs alone (NVLink only); 'pairs': every pair of nodes, round by "
+        "round, with pair_ops at pair_bytes (finds a slow node or link)",
+    )
+    also_pairs: bool = Field(
+        False, description="scope 'world' on three or more nodes: then run scope 'pairs' too (accept sets it)"
+    )
+    pair_ops: list[OpName] = Field(
+        default_factory=lambda: ["all_reduce"], description="ops scope 'pairs' runs"
+    )
+    pair_bytes: ByteSize = Field(
+        2**30, description="S of scope 'pairs': large, where busbw is the links' rate"
+    )
     cuda_graph: bool = Field(
         True,
         description="GPU: replay the timed ops from a CUDA graph, so Python's "
@@ -234,6 +248,7 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         "warmup": 2,
         "iters": 5,
         "repeats": 3,
+        "pair_bytes": 2**22,
     }
 
 
@@ -278,6 +293,28 @@ def _capture(fn: Callable[[], None], count: int, group: Any, device: Any):
 
 
 def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measurement]:
+    def pair(group: Any, scope: str, params: dict[str, Any]) -> list[Measurement]:
+        return _run_ops(ctx, options, group, scope, options.pair_ops, [options.pair_bytes], params)
+
+    if options.scope == "pairs":
+        return run_pairs(ctx, pair)
+    group, scope = _group_for(ctx, options.scope)
+    measurements = _run_ops(ctx, options, group, scope, options.ops, sweep_sizes(options))
+    if options.also_pairs and options.scope == "world" and ctx.runtime.num_nodes >= 3:
+        measurements += run_pairs(ctx, pair)  # with two nodes the one pair is the world just measured
+    return measurements
+
+
+def _run_ops(
+    ctx: Context,
+    options: CollectiveOptions,
+    group: Any,
+    scope: str,
+    ops: list[str],
+    sizes: list[int],
+    params: dict[str, Any] | None = None,
+) -> list[Measurement]:
+    """Each op at each size over `group`, timed and checked exactly; the group's first rank returns them."""
     import torch
 
     dist = _dist()
@@ -285,7 +322,6 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
     device = runtime.device
     dtype = getattr(torch, options.dtype)
     element_size = torch.tensor([], dtype=dtype).element_size()
-    group, scope = _group_for(ctx, options.scope)
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if n < 2:
         raise BenchmarkSkipped("one rank: a collective needs two or more GPUs (or processes) to move data")
@@ -309,9 +345,9 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
         runtime.synchronize()
 
     measurements: list[Measurement] = []
-    for op_name in options.ops:
+    for op_name in ops:
         op = OPS[op_name]
-        for size in sweep_sizes(options):
+        for size in sizes:
             ctx.progress(f"{op_name} {size} B")
             count = exact_count(size, element_size, n)
             layout = op.layout(count, n)
@@ -376,6 +412,7 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
                         "ranks": n,
                         "iters": options.iters,
                         "cuda_graph": graph is not None,
+                        **(params or {}),
                     },
                     metrics={
                         "time_us": median_s * 1e6,
@@ -391,6 +428,12 @@ def run_collectives(ctx: Context, options: CollectiveOptions) -> list[Measuremen
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return measurements
+
+
+def _plan(overrides: dict[str, Any], thresholds: dict[str, Any]) -> dict[str, Any]:
+    """accept's options: on three or more nodes every pair of nodes runs after the world (unless the
+    profile sets also_pairs), and the sizes the thresholds name are measured."""
+    return {"also_pairs": True, **_sizes_from_thresholds(overrides, thresholds)}
 
 
 def _sizes_from_thresholds(overrides: dict[str, Any], thresholds: dict[str, Any]) -> dict[str, Any]:
@@ -427,7 +470,9 @@ register(
             MeasurementDecl(op, _METRICS, identity=("bytes", "dtype"), hint=_HINT, view="size_sweep")
             for op in ALL_OPS
         ),
-        plan=_sizes_from_thresholds,
+        # 'outliers.collectives_pct': the node or link that the pairs of nodes (scope 'pairs') blame
+        outlier_metrics=("busbw_gbps",),
+        plan=_plan,
         crosses_nodes=True,
     )
 )
