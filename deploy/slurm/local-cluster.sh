@@ -76,9 +76,11 @@ JobCompType=jobcomp/none
 SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
-# sbatch --wait polls after 2, 10 and 42 s (x4 each time) unless a third of MinJobAge is smaller: with 6 s
-# it polls every 2 s, and the seconds-long test jobs are not waited on for half a minute.
-MinJobAge=6
+# sbatch --wait polls after 2, 10 and 42 s (x4 each time) unless a third of MinJobAge is smaller: with 15 s
+# it polls every 5 s, so the seconds-long test jobs are not waited on for half a minute, and a finished
+# job's record outlives about three polls (at 6 s a poll delayed on a loaded 2-core host found the record
+# purged: "sbatch: error: Job 2 no longer found and exit code not found").
+MinJobAge=15
 NodeName=node[1-$nodes] NodeHostname=localhost Port=[$((port + 1))-$((port + nodes))] CPUs=1 RealMemory=4000 State=UNKNOWN
 PartitionName=debug Nodes=node[1-$nodes] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
