@@ -7,7 +7,7 @@
     Each record's time since boot plus the boot's wall time (/proc/stat btime) dates it, as `dmesg -T` does.
     The driver logs no documented line for a GPU reset, so gpuval sees a reset only through the latter two.
 
-A critical XID (the table below, after NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors) is a FAIL
+A critical XID (gpuval/xids.py, after NVIDIA's Xid catalog, docs.nvidia.com/deploy/xid-errors) is a FAIL
 naming its meaning and what to do; any other XID is a WARN (most are raised by applications).
 """
 
@@ -27,83 +27,14 @@ from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.history import last_passing_run
 from gpuval.nvml import Nvml, available, field_value
 from gpuval.results import Check, Status
+from gpuval.xids import XIDS, describe  # noqa: F401 - XIDS: read through this module by tests and callers
 
-
-@dataclass(frozen=True)
-class Xid:
-    meaning: str
-    critical: bool
-    action: str
-
-
-_RESET = "reset the GPU (nvidia-smi -r) or reboot"
 # Appended to every critical XID's action: how it stops counting. The kernel log keeps it until reboot and
 # shows no GPU reset that gpuval could rely on, so after a reset the operator says when it happened.
 AFTER_RESET = (
     "then rerun; XIDs logged before the node's last passing `gpuval accept` or before "
     "--set health.xid_since=<time of the reset, ISO 8601> are not counted"
 )
-_DIAGNOSE = "drain the node and run field diagnostics (dcgmi diag -r 3)"
-XIDS: dict[int, Xid] = {
-    13: Xid(
-        "graphics engine exception",
-        False,
-        "usually an application fault; if it follows no crash, " + _DIAGNOSE,
-    ),
-    31: Xid(
-        "GPU memory page fault", False, "usually an application's illegal address; check the application"
-    ),
-    43: Xid("GPU stopped processing", False, "usually an application fault; restart it"),
-    45: Xid("preemptive cleanup after an earlier error", False, "look for the XID logged before it"),
-    48: Xid("double-bit ECC error", True, f"{_RESET}; if it recurs, {_DIAGNOSE}"),
-    61: Xid(
-        "internal micro-controller breakpoint/warning", False, "watch for more; reset the GPU if it repeats"
-    ),
-    62: Xid("internal micro-controller halt", True, f"{_RESET}; update the driver if it recurs"),
-    63: Xid(
-        "ECC page retirement or row-remapping recording event",
-        True,
-        "reset the GPU or reboot to apply pending row remapping",
-    ),
-    64: Xid(
-        "ECC page retirement or row-remapping recording failure",
-        True,
-        f"{_DIAGNOSE}; replace the GPU if a reset does not clear it",
-    ),
-    68: Xid("video decoder exception", False, "usually an application fault; restart it"),
-    69: Xid("graphics engine class error", False, "usually an application fault; restart it"),
-    74: Xid(
-        "NVLink error",
-        True,
-        "check nvidia-smi nvlink -s / -e, reset the GPU, and reseat/replace the NVLink/NVSwitch tray "
-        "if it recurs",
-    ),
-    79: Xid(
-        "GPU has fallen off the bus",
-        True,
-        "drain the node and reboot; check the GPU's power, PCIe slot/riser and cooling, and replace it "
-        "if it recurs",
-    ),
-    92: Xid("high single-bit ECC error rate", True, _DIAGNOSE),
-    94: Xid(
-        "contained ECC error", True, "the affected application was stopped; reset the GPU to remap the row"
-    ),
-    95: Xid(
-        "uncontained ECC error",
-        True,
-        f"every application on the GPU was affected; {_RESET}, then {_DIAGNOSE}",
-    ),
-    119: Xid("GSP RPC timeout", True, f"{_RESET}; update the driver if it recurs"),
-    120: Xid("GSP error", True, f"{_RESET}; update the driver if it recurs"),
-    140: Xid("unrecovered ECC error", True, f"{_RESET}, then {_DIAGNOSE}"),
-    154: Xid(
-        "GPU recovery action changed", True, "do the recovery action the message names (reset, reboot, drain)"
-    ),
-}
-
-
-def describe(xid: int) -> Xid:
-    return XIDS.get(xid, Xid("see NVIDIA's Xid catalog", False, "look it up in NVIDIA's Xid catalog"))
 
 
 # `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`; older drivers omit 'PCI:'.
