@@ -1,8 +1,11 @@
 """Record what NVML answers on a real GPU machine, so tests can replay it where no GPU exists.
 
-Every query gpuval's discovery and health checks make is called for every GPU (and every NVLink, and
-every GPU pair for topology); each answer is stored as JSON, an NVML error as {"error": NAME}. Host
-facts the checks read from /proc and /sys ride along. Usage: record_nvml.py --output FILE.
+Every query gpuval's discovery, health checks and monitor make is called for every GPU (and every NVLink,
+and every GPU pair for topology); each answer is stored as JSON, an NVML error as {"error": NAME}. The
+monitor's own queries (record_monitor) include GPM metrics over two samples `--gpm-interval` seconds apart
+and one wait of the XID event set (record_xid_events), so run it while a GPU load runs to record real
+activity (tools/device/exporter_device.sh). Host facts the checks read from /proc and /sys ride along.
+Usage: record_nvml.py --output FILE [--gpm-interval S]. tests/nvml_replay.py replays what this writes.
 """
 
 from __future__ import annotations
@@ -14,17 +17,20 @@ import json
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pynvml as nv
+
+from gpuval.monitor.gpm import METRICS as GPM_METRICS
 
 
 def plain(value: Any) -> Any:
     """ctypes structures, arrays and bytes as JSON values."""
     if isinstance(value, bytes):
         return value.decode(errors="replace")
-    if isinstance(value, ctypes.Structure):
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):  # a union (nvmlValue_t): every member
         return {name: plain(getattr(value, name)) for name, *_ in value._fields_}
     if isinstance(value, ctypes.Array):
         return [plain(item) for item in value]
@@ -88,7 +94,11 @@ PER_DEVICE = [
     "nvmlDeviceGetFanSpeed",
     "nvmlDeviceGetSupportedEventTypes",
     "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetEncoderUtilization",
+    "nvmlDeviceGetDecoderUtilization",
 ]
+# GPM metrics recorded beside those gpuval reads (the kinds of tensor work, integer pipe), for later use.
+GPM_EXTRA_IDS = (4, 6, 7, 8, 9)
 
 
 def record_device(index: int, handle: Any, handles: list[Any]) -> dict[str, Any]:
@@ -127,15 +137,7 @@ def record_device(index: int, handle: Any, handles: list[Any]) -> dict[str, Any]
         answers[f"nvmlDeviceGetClockInfo({label})"] = call("nvmlDeviceGetClockInfo", handle, clock)
         answers[f"nvmlDeviceGetMaxClockInfo({label})"] = call("nvmlDeviceGetMaxClockInfo", handle, clock)
     answers["nvmlDeviceGetCpuAffinity(64)"] = call("nvmlDeviceGetCpuAffinity", handle, 64)
-    # gpuval monitor's own queries: PCIe throughput (KB/s over NVML's 20 ms window) and the NVLink
-    # throughput fields 138/139 (cumulative KiB, scope UINT_MAX = every link), as recorded structures.
-    for counter, label in ((nv.NVML_PCIE_UTIL_TX_BYTES, "tx"), (nv.NVML_PCIE_UTIL_RX_BYTES, "rx")):
-        answers[f"nvmlDeviceGetPcieThroughput({label})"] = call(
-            "nvmlDeviceGetPcieThroughput", handle, counter
-        )
-    answers["nvmlDeviceGetFieldValues(nvlink_throughput)"] = call(
-        "nvmlDeviceGetFieldValues", handle, [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)]
-    )
+    answers.update(record_monitor(handle))
     links = []
     for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
         entry = {"state": call("nvmlDeviceGetNvLinkState", handle, link)}
@@ -164,6 +166,93 @@ def record_device(index: int, handle: Any, handles: list[Any]) -> dict[str, Any]
         if other != index
     }
     return answers
+
+
+def record_monitor(handle: Any) -> dict[str, Any]:
+    """gpuval monitor's own per-GPU queries: PCIe throughput (KB/s over NVML's 20 ms window), the NVLink
+    throughput fields 138/139 (cumulative KiB, scope UINT_MAX = every link) and the memory temperature
+    field, as recorded structures, and whether GPM is supported. GPM itself and the event set are
+    recorded by record_gpm and record_xid_events, which take time."""
+    answers: dict[str, Any] = {}
+    for counter, label in ((nv.NVML_PCIE_UTIL_TX_BYTES, "tx"), (nv.NVML_PCIE_UTIL_RX_BYTES, "rx")):
+        answers[f"nvmlDeviceGetPcieThroughput({label})"] = call(
+            "nvmlDeviceGetPcieThroughput", handle, counter
+        )
+    answers["nvmlDeviceGetFieldValues(nvlink_throughput)"] = call(
+        "nvmlDeviceGetFieldValues", handle, [(138, 0xFFFFFFFF), (139, 0xFFFFFFFF)]
+    )
+    answers["nvmlDeviceGetFieldValues(memory_temp)"] = call(
+        "nvmlDeviceGetFieldValues", handle, [(getattr(nv, "NVML_FI_DEV_MEMORY_TEMP", 82), 0)]
+    )
+    answers["nvmlGpmQueryDeviceSupport"] = call("nvmlGpmQueryDeviceSupport", handle)
+    return answers
+
+
+def _raised(exc: Exception) -> dict[str, str]:
+    return {"error": type(exc).__name__, "message": str(exc)}
+
+
+def record_gpm(handle: Any, interval_s: float) -> dict[str, Any]:
+    """Two GPM samples `interval_s` apart and every metric gpuval reads over them (plus GPM_EXTRA_IDS), as
+    NVML gives them: percent and MiB/s, each with its own return code and NVML's unit."""
+    record: dict[str, Any] = {"interval_s": interval_s, "nvmlGpmSampleGet": []}
+    samples = []
+    try:
+        for _ in range(2):
+            samples.append(nv.nvmlGpmSampleAlloc())
+            taken = call("nvmlGpmSampleGet", handle, samples[-1])  # the sample itself, or the error
+            record["nvmlGpmSampleGet"].append(taken if isinstance(taken, dict) and "error" in taken else None)
+            if len(samples) == 1:
+                time.sleep(interval_s)
+        ids = [getattr(nv, metric.constant, metric.metric_id) for metric in GPM_METRICS] + list(GPM_EXTRA_IDS)
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(ids)
+        request.sample1, request.sample2 = samples
+        for position, metric_id in enumerate(ids):
+            request.metrics[position].metricId = metric_id
+        nv.nvmlGpmMetricsGet(request)
+        metrics = []
+        for position in range(len(ids)):
+            slot = request.metrics[position]
+            unit = slot.metricInfo.unit
+            metrics.append(
+                {
+                    "metricId": slot.metricId,
+                    "nvmlReturn": slot.nvmlReturn,
+                    "value": slot.value,
+                    "unit": unit.decode(errors="replace") if unit else None,
+                }
+            )
+        record["nvmlGpmMetricsGet"] = {"metrics": metrics}
+    except Exception as exc:  # noqa: BLE001 - NotSupported (before Hopper), no GPM in this binding: as it happened
+        record.setdefault("nvmlGpmMetricsGet", _raised(exc))
+    finally:
+        for sample in samples:
+            call("nvmlGpmSampleFree", sample)
+    return record
+
+
+def record_xid_events(handles: list[Any], wait_ms: int = 500) -> tuple[dict[str, Any], list[Any]]:
+    """One event set registered for critical XIDs on every GPU, waited on once: the system-level answers,
+    and each GPU's answer to its registration."""
+    try:
+        event_set = nv.nvmlEventSetCreate()
+    except Exception as exc:  # noqa: BLE001 - recorded as it happened
+        return {"nvmlEventSetCreate": _raised(exc)}, [None for _ in handles]
+    registered = [
+        call("nvmlDeviceRegisterEvents", handle, nv.nvmlEventTypeXidCriticalError, event_set)
+        for handle in handles
+    ]
+    began = time.monotonic()
+    waited = call("nvmlEventSetWait_v2", event_set, wait_ms)
+    answers = {
+        "nvmlEventSetCreate": None,
+        f"nvmlEventSetWait_v2({wait_ms})": waited,
+        "waited_s": round(time.monotonic() - began, 3),
+    }
+    call("nvmlEventSetFree", event_set)
+    return answers, registered
 
 
 def host_facts() -> dict[str, Any]:
@@ -203,10 +292,17 @@ def host_facts() -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output", required=True)
+    parser.add_argument("--gpm-interval", type=float, default=1.0, help="seconds between the two GPM samples")
     args = parser.parse_args()
     nv.nvmlInit()
     count = nv.nvmlDeviceGetCount()
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    devices = [record_device(i, h, handles) for i, h in enumerate(handles)]
+    for device, handle in zip(devices, handles, strict=True):
+        device["gpm"] = record_gpm(handle, args.gpm_interval)
+    xid_events, registered = record_xid_events(handles)
+    for device, answer in zip(devices, registered, strict=True):
+        device["nvmlDeviceRegisterEvents(xid_critical)"] = answer
     document = {
         "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "nvidia_ml_py": getattr(nv, "__version__", None),
@@ -220,7 +316,8 @@ def main() -> None:
             )
         },
         "device_count": count,
-        "devices": [record_device(i, h, handles) for i, h in enumerate(handles)],
+        "devices": devices,
+        "xid_events": xid_events,
         "host": host_facts(),
     }
     nv.nvmlShutdown()

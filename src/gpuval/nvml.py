@@ -34,6 +34,12 @@ CLOCK_REASONS = {
 }
 
 NVLINK_REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 255: "unknown"}
+REMAPPED_ROW_FIELDS = (
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "remapping_pending",
+    "remapping_failed",
+)
 
 
 class Unavailable:
@@ -248,6 +254,23 @@ class Nvml:
     def constant(self, name: str, default: int) -> int:
         return getattr(self.lib, name, default) if self.lib is not None else default
 
+    def error_of(self, code: int) -> Unavailable:
+        """Unavailable for an NVML return code that came inside a structure (a field value, a GPM metric)
+        rather than as an exception, named as pynvml names the exception for that code."""
+        error_class = getattr(self.lib, "NVMLError", None)
+        if error_class is None:
+            return Unavailable(f"nvmlReturn {code}")
+        exc = error_class(code)  # pynvml's NVMLError(code) is the subclass for that code
+        return Unavailable(reason_of(exc), type(exc).__name__)
+
+    def new(self, structure: str) -> Any:
+        """A zeroed instance of one of the library's ctypes structures (`c_nvmlGpmMetricsGet_t`, ...), to be
+        filled in and passed to a call; Unavailable where this nvidia-ml-py has no such structure."""
+        kind = getattr(self.lib, structure, None) if self.error is None else None
+        if kind is None:
+            return Unavailable(self.error or f"{structure} is not in this nvidia-ml-py")
+        return kind()
+
     def shutdown(self) -> None:
         if self.error is None and self.lib is not None:
             try:
@@ -279,11 +302,23 @@ def gpu_fields(nvml: Nvml, handle: Any) -> dict[str, Any]:
         "power_usage_w": scaled(nvml("nvmlDeviceGetPowerUsage", handle), 1e-3),  # NVML: milliwatts
         "power_limit_w": scaled(nvml("nvmlDeviceGetEnforcedPowerLimit", handle), 1e-3),
         "sm_clock_mhz": nvml("nvmlDeviceGetClockInfo", handle, c("NVML_CLOCK_SM", 1)),
+        "mem_clock_mhz": nvml("nvmlDeviceGetClockInfo", handle, c("NVML_CLOCK_MEM", 2)),
         "clock_event_reasons": first_available(
             nvml("nvmlDeviceGetCurrentClocksEventReasons", handle),
             nvml("nvmlDeviceGetCurrentClocksThrottleReasons", handle),
         ),
+        "pcie_replay_count": nvml("nvmlDeviceGetPcieReplayCounter", handle),
+        **_remapped_rows(nvml, handle),
     }
+
+
+def _remapped_rows(nvml: Nvml, handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetRemappedRows: rows remapped for correctable and uncorrectable errors, and whether a
+    remapping waits for a reset (pending) or found no spare row (failed); Unavailable before Ampere."""
+    rows = nvml("nvmlDeviceGetRemappedRows", handle)  # (correctable, uncorrectable, pending, failure)
+    if not available(rows):
+        return dict.fromkeys(REMAPPED_ROW_FIELDS, rows)
+    return dict(zip(REMAPPED_ROW_FIELDS, (rows[0], rows[1], bool(rows[2]), bool(rows[3])), strict=True))
 
 
 def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
@@ -307,17 +342,6 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.ecc_uncorrected_aggregate = nvml("nvmlDeviceGetTotalEccErrors", handle, uncorrected, aggregate)
     gpu.ecc_corrected_volatile = nvml("nvmlDeviceGetTotalEccErrors", handle, corrected, volatile)
     gpu.ecc_corrected_aggregate = nvml("nvmlDeviceGetTotalEccErrors", handle, corrected, aggregate)
-    rows = nvml("nvmlDeviceGetRemappedRows", handle)  # (correctable, uncorrectable, pending, failure)
-    if available(rows):
-        (
-            gpu.remapped_rows_correctable,
-            gpu.remapped_rows_uncorrectable,
-            gpu.remapping_pending,
-            gpu.remapping_failed,
-        ) = (rows[0], rows[1], bool(rows[2]), bool(rows[3]))
-    else:
-        gpu.remapped_rows_correctable = gpu.remapped_rows_uncorrectable = rows
-        gpu.remapping_pending = gpu.remapping_failed = rows
     for attribute, cause in (
         ("retired_pages_sbe", c("NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0)),
         ("retired_pages_dbe", c("NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)),
@@ -329,7 +353,6 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.power_default_limit_w = scaled(nvml("nvmlDeviceGetPowerManagementDefaultLimit", handle), 1e-3)
     sm, mem = c("NVML_CLOCK_SM", 1), c("NVML_CLOCK_MEM", 2)
     gpu.max_sm_clock_mhz = nvml("nvmlDeviceGetMaxClockInfo", handle, sm)
-    gpu.mem_clock_mhz = nvml("nvmlDeviceGetClockInfo", handle, mem)
     gpu.max_mem_clock_mhz = nvml("nvmlDeviceGetMaxClockInfo", handle, mem)
     gpu.temperature_slowdown_c = nvml(
         "nvmlDeviceGetTemperatureThreshold", handle, c("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN", 1)
@@ -345,7 +368,6 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     )
     gpu.pcie_width_current = nvml("nvmlDeviceGetCurrPcieLinkWidth", handle)
     gpu.pcie_width_max = nvml("nvmlDeviceGetMaxPcieLinkWidth", handle)
-    gpu.pcie_replay_count = nvml("nvmlDeviceGetPcieReplayCounter", handle)
     gpu.numa_node = nvml("nvmlDeviceGetNumaNodeId", handle)
     processes = nvml("nvmlDeviceGetComputeRunningProcesses", handle)
     gpu.compute_processes = (

@@ -2,10 +2,12 @@
 CPU, memory and load from /proc and /sys. No UI here: the dashboard and the exporter both draw from it.
 
 NVML goes through `gpuval.nvml.Nvml`, whose calls never raise: a field the GPU cannot give holds an
-`Unavailable` with the reason. CPU %, NVLink and InfiniBand rates come from counters read twice, so the first
-reading of a `Sampler` holds none of them (PCIe throughput is NVML's own 20 ms sample, there at once). The
-NVML library (`library`), the filesystem root (`root`) and the clock are injectable: tests replay recorded
-NVML answers over a fake /proc and /sys.
+`Unavailable` with the reason, and one GPU's errors touch no other GPU's fields. CPU %, NVLink, InfiniBand and
+the GPM profiling metrics (gpm.py) come from counters read twice, so the first reading of a `Sampler` holds
+none of them (PCIe throughput is NVML's own 20 ms sample, there at once). The last XID comes from an event
+thread the sampler starts with its first GPU reading (xid_watch.py) and stops in `close()`. The NVML library
+(`library`), the filesystem root (`root`) and the clock are injectable: tests replay recorded NVML answers
+over a fake /proc and /sys.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 
 from gpuval.discover.host import meminfo_bytes, read_text
 from gpuval.discover.network import infiniband_ports
-from gpuval.nvml import GpuRecord, Nvml, Unavailable, available, field_value, gpu_fields, reason_of, scaled
+from gpuval.monitor.gpm import GpmReader
+from gpuval.monitor.xid_watch import XidWatch
+from gpuval.nvml import GpuRecord, Nvml, Unavailable, available, field_value, gpu_fields, scaled
 
 NVLINK_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: nvml.h's sum over every link of a throughput field
 # nvmlValueType_t -> the member of the nvmlValue_t union that holds the value (nvml.h)
@@ -46,11 +50,35 @@ class GpuReading(GpuRecord):
     power_usage_w: Any = None
     power_limit_w: Any = None
     sm_clock_mhz: Any = None
+    mem_clock_mhz: Any = None
     clock_event_reasons: Any = None  # bit mask, gpuval.nvml.CLOCK_REASONS
     pcie_tx_bytes_per_s: Any = None
     pcie_rx_bytes_per_s: Any = None
     nvlink_tx_bytes_per_s: Any = None
     nvlink_rx_bytes_per_s: Any = None
+    memory_temperature_c: Any = None  # the GPU memory's own sensor (HBM), NVML_FI_DEV_MEMORY_TEMP
+    total_energy_mj: Any = None  # since the driver loaded
+    encoder_utilization_percent: Any = None
+    decoder_utilization_percent: Any = None
+    pcie_replay_count: Any = None
+    remapped_rows_correctable: Any = None
+    remapped_rows_uncorrectable: Any = None
+    remapping_pending: Any = None
+    remapping_failed: Any = None
+    last_xid: Any = None  # the last critical XID since the monitor started, 0 before any (xid_watch.py)
+    # GPM (gpm.py): activities as ratios 0-1, traffic in bytes/s, over the last interval
+    gpm_graphics_active_ratio: Any = None
+    gpm_sm_active_ratio: Any = None
+    gpm_sm_occupancy_ratio: Any = None
+    gpm_tensor_active_ratio: Any = None
+    gpm_dram_active_ratio: Any = None
+    gpm_fp64_active_ratio: Any = None
+    gpm_fp32_active_ratio: Any = None
+    gpm_fp16_active_ratio: Any = None
+    gpm_pcie_tx_bytes_per_s: Any = None
+    gpm_pcie_rx_bytes_per_s: Any = None
+    gpm_nvlink_tx_bytes_per_s: Any = None
+    gpm_nvlink_rx_bytes_per_s: Any = None
 
 
 @dataclass
@@ -76,6 +104,7 @@ class Reading:
     time: str  # ISO-8601, UTC
     hostname: str | None
     host: HostReading
+    driver_version: str | None = None  # the exporter's DCGM_FI_DRIVER_VERSION label
     gpus: list[GpuReading] = field(default_factory=list)
     no_gpu: str | None = None  # why there is no GPU row: NVML's own reason
     infiniband: list[InfinibandPortReading] = field(default_factory=list)
@@ -85,6 +114,7 @@ class Reading:
         return {
             "time": self.time,
             "hostname": self.hostname,
+            "driver_version": self.driver_version,
             "interval_s": round(self.interval_s, 3) if self.interval_s is not None else None,
             "host": asdict(self.host),
             "no_gpu": self.no_gpu,
@@ -146,8 +176,7 @@ def _field_value(nvml: Nvml, entry: Any) -> Any:
     """One nvmlFieldValue_t: its value, or Unavailable named after the NVML error of that field alone."""
     code = field_value(entry, "nvmlReturn")
     if code != 0:
-        error_class = getattr(nvml.lib, "NVMLError", None)  # pynvml maps a return code to its exception
-        return Unavailable(reason_of(error_class(code)) if error_class else f"nvmlReturn {code}")
+        return nvml.error_of(code)
     member = _VALUE_MEMBERS.get(field_value(entry, "valueType"))
     if not member:
         return Unavailable("unknown NVML value type")
@@ -179,6 +208,10 @@ class Sampler:
         self._cpu: CpuTimes | None = None
         self._ib: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         self._nvlink: dict[int, tuple[Any, Any]] = {}  # GPU index -> (tx KiB, rx KiB) counters
+        self._gpm = GpmReader(self.nvml)
+        self._xid: XidWatch | None = None  # started with the first GPU reading
+        driver = self.nvml("nvmlSystemGetDriverVersion")
+        self.driver_version = driver if isinstance(driver, str) else None
 
     def sample(self) -> Reading:
         now = self.clock()
@@ -201,6 +234,7 @@ class Sampler:
             time=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             hostname=self.hostname,
             host=host,
+            driver_version=self.driver_version,
             gpus=gpus,
             no_gpu=no_gpu,
             infiniband=self._infiniband(seconds),
@@ -208,6 +242,9 @@ class Sampler:
         )
 
     def close(self) -> None:
+        if self._xid is not None:
+            self._xid.stop()
+        self._gpm.close()
         self.nvml.shutdown()
 
     def _infiniband(self, seconds: float | None) -> list[InfinibandPortReading]:
@@ -242,6 +279,8 @@ class Sampler:
             return [], f"cannot count GPUs: {handles.reason}"
         if not handles:
             return [], "NVML sees no GPU"
+        if self._xid is None:
+            self._xid = XidWatch(nvml, handles)
         gpus = []
         counters = {}
         for index, handle in enumerate(handles):
@@ -249,6 +288,7 @@ class Sampler:
                 gpus.append(GpuReading(index, **{f.name: handle for f in fields(GpuReading)[1:]}))
                 continue
             gpu, counters[index] = self._gpu(index, handle)
+            gpu.last_xid = self._xid.last_xid(index)
             before = self._nvlink.get(index, (None, None))
             gpu.nvlink_tx_bytes_per_s = _nvlink_rate(before[0], counters[index][0], seconds)
             gpu.nvlink_rx_bytes_per_s = _nvlink_rate(before[1], counters[index][1], seconds)
@@ -260,11 +300,22 @@ class Sampler:
         """The GPU's instantaneous fields, and its cumulative NVLink (tx, rx) KiB counters."""
         nvml, c = self.nvml, self.nvml.constant
         utilization = nvml("nvmlDeviceGetUtilizationRates", handle)
+        # (percent, sampling period in us); NotSupported on GPUs without the engine
+        encoder = nvml("nvmlDeviceGetEncoderUtilization", handle)
+        decoder = nvml("nvmlDeviceGetDecoderUtilization", handle)
+        memory_temperature = nvml("nvmlDeviceGetFieldValues", handle, [(c("NVML_FI_DEV_MEMORY_TEMP", 82), 0)])
         gpu = GpuReading(
             index=index,
             **gpu_fields(nvml, handle),
+            **self._gpm.read(index, handle),
             utilization_gpu_percent=field_value(utilization, "gpu"),
             utilization_memory_percent=field_value(utilization, "memory"),
+            encoder_utilization_percent=encoder[0] if available(encoder) else encoder,
+            decoder_utilization_percent=decoder[0] if available(decoder) else decoder,
+            memory_temperature_c=_field_value(nvml, memory_temperature[0])
+            if available(memory_temperature)
+            else memory_temperature,
+            total_energy_mj=nvml("nvmlDeviceGetTotalEnergyConsumption", handle),
             # nvmlDeviceGetPcieThroughput: KB/s over a 20 ms sample, KiB as nvitop reads it
             pcie_tx_bytes_per_s=scaled(
                 nvml("nvmlDeviceGetPcieThroughput", handle, c("NVML_PCIE_UTIL_TX_BYTES", 0)), 1024
