@@ -75,9 +75,12 @@ class MonitorReplay(ReplayNvml):
     def nvmlDeviceGetFieldValues(self, handle: int, ids: list[tuple[int, int]]) -> Any:  # noqa: N802
         values = (pynvml.c_nvmlFieldValue_t * len(ids))()
         for value, (field_id, scope) in zip(values, ids, strict=True):
+            value.fieldId, value.scopeId = field_id, scope
+            if field_id not in NVLINK_FIELDS:  # memory temperature: the exporter's tests replay it
+                value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
             assert scope == 0xFFFFFFFF, "the monitor asks for the sum over all links"
             answer = self.throughput.get(handle, {}).get(f"nvlink_{NVLINK_FIELDS[field_id]}_kib")
-            value.fieldId, value.scopeId = field_id, scope
             value.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if answer is None else pynvml.NVML_SUCCESS
             value.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             value.value.ullVal = answer or 0
@@ -379,6 +382,7 @@ def test_exporter_scraped_over_http_names_and_labels_as_dcgm_exporter(tmp_path):
         "device": "nvidia0",
         "modelName": "NVIDIA H200",
         "Hostname": "gpu-node-07",
+        "DCGM_FI_DRIVER_VERSION": "580.159.04",  # the recording's nvmlSystemGetDriverVersion
     }
     assert by_gpu("DCGM_FI_DEV_GPU_TEMP") == {"0": 41, "1": 43, "3": 41}  # GPU 2's is NotSupported: left out
     assert by_gpu("DCGM_FI_DEV_POWER_USAGE") == pytest.approx(

@@ -1,11 +1,14 @@
-"""`gpuval monitor --prometheus`: the latest reading as Prometheus metrics, named, labelled and in the units
-of DCGM-exporter (its etc/default-counters.csv), so dashboards and alerts written for it read these too.
+"""`gpuval monitor --prometheus`: the latest reading as Prometheus metrics, named, typed, labelled and in the
+units of DCGM-exporter (the table in dcgm_fields.py), so dashboards and alerts written for it read these too.
 
-Every metric is a gauge: DCGM-exporter declares PCIe and NVLink throughput as counters, but their values are
-rates (KB/s, MB/s), which is what a gauge holds. Framebuffer MiB are not rounded down as DCGM's are. A GPU
-field NVML could not give is not exported for that GPU. gpuval adds host and InfiniBand metrics under its
-own `gpuval_` prefix. The registry is our own, not prometheus_client's global one, so the process's own
-metrics do not mix in.
+Labels are DCGM-exporter's: gpu, UUID, pci_bus_id, device, modelName, Hostname and the driver version
+(DCGM_FI_DRIVER_VERSION, a label field of its default counters); DCGM_FI_DEV_XID_ERRORS adds err_code and
+err_msg. A field NVML could not give a GPU is not exported for that GPU (DCGM-exporter skips DCGM's blank
+values the same way); one GPU's NVML errors leave the other GPUs' metrics as they are. Framebuffer MiB are
+not rounded down as DCGM's are. gpuval adds host and InfiniBand metrics under its own `gpuval_` prefix.
+
+The text is rendered here rather than by prometheus_client's generate_latest, which names a counter
+`NAME_total`: DCGM-exporter writes `# TYPE NAME counter` and samples named NAME, and alert rules match NAME.
 
 Serving (MetricsServer): one event-loop thread holds every connection, so idle or slow clients cost no
 thread; a connection that sends no complete request within the idle timeout is closed, and at most
@@ -23,45 +26,21 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 from gpuval.errors import UsageError
+from gpuval.monitor.dcgm_fields import GPU_METRICS, XID_ERRORS
 from gpuval.monitor.sample import GpuReading, Reading
+from gpuval.xids import describe
 
-GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"]
+GPU_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
 DEFAULT_HOST = "127.0.0.1"  # metrics stay on this machine unless HOST says otherwise
 IDLE_TIMEOUT_S = 10.0  # a connection silent this long (no complete request) is closed
 MAX_CONNECTIONS = 512  # open at once; beyond, a new connection is closed at once
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a burst of scrapes waits here)
 MAX_REQUEST_HEAD = 16 * 1024  # bytes of request line and headers
-
-
-# name, help (DCGM-exporter's, unit included), the reading's fields it sums, bytes (or units) per unit
-GPU_METRICS: tuple[tuple[str, str, tuple[str, ...], float], ...] = (
-    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", ("utilization_gpu_percent",), 1),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", ("utilization_memory_percent",), 1),
-    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", ("memory_used_bytes",), 2**20),
-    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", ("memory_free_bytes",), 2**20),
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", ("temperature_c",), 1),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", ("power_usage_w",), 1),
-    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", ("sm_clock_mhz",), 1),
-    (
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-        "Current clock throttle reasons (bit mask of nvmlClocksEventReason*).",
-        ("clock_event_reasons",),
-        1,
-    ),
-    ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe transmit throughput (in KB/s).", ("pcie_tx_bytes_per_s",), 1024),
-    ("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe receive throughput (in KB/s).", ("pcie_rx_bytes_per_s",), 1024),
-    (
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-        "NVLink data sent and received over all links (in MB/s).",
-        ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s"),
-        1e6,
-    ),
-)
 
 
 def _gauge(gpu: GpuReading, attributes: tuple[str, ...], per: float) -> float | None:
@@ -76,17 +55,40 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def metrics(reading: Reading) -> list[GaugeMetricFamily]:
+def _xid_labels(xid: float) -> dict[str, str]:
+    """DCGM-exporter's err_code and err_msg; the message is gpuval's reading of NVIDIA's Xid catalog."""
+    code = int(xid)
+    return {"err_code": str(code), "err_msg": "No Error" if code == 0 else describe(code).meaning}
+
+
+def metrics(reading: Reading) -> list[Metric]:
     """Every metric of one reading; the exporter serves these, tests read them directly too."""
     hostname = reading.hostname or ""
     families = []
-    for name, documentation, attributes, per in GPU_METRICS:
-        family = GaugeMetricFamily(name, documentation, labels=GPU_LABELS)
+    for field in GPU_METRICS:
+        family = Metric(field.name, field.help, field.type)
         for gpu in reading.gpus:
-            value = _gauge(gpu, attributes, per)
-            if value is not None:
-                labels = [str(gpu.index), _label(gpu.uuid), _label(gpu.pci_bus_id), f"nvidia{gpu.index}"]
-                family.add_metric([*labels, _label(gpu.name), hostname], value)
+            value = _gauge(gpu, field.attributes, field.per)
+            if value is None:
+                continue
+            labels = dict(
+                zip(
+                    GPU_LABELS,
+                    (
+                        str(gpu.index),
+                        _label(gpu.uuid),
+                        _label(gpu.pci_bus_id),
+                        f"nvidia{gpu.index}",
+                        _label(gpu.name),
+                        hostname,
+                        reading.driver_version or "",
+                    ),
+                    strict=True,
+                )
+            )
+            if field.name == XID_ERRORS:
+                labels.update(_xid_labels(value))
+            family.add_sample(field.name, labels, value)
         families.append(family)
     host = reading.host
     for name, documentation, value in (
@@ -103,33 +105,53 @@ def metrics(reading: Reading) -> list[GaugeMetricFamily]:
             host.load_average[0] if host.load_average else None,
         ),
     ):
-        family = GaugeMetricFamily(name, documentation, labels=["Hostname"])
+        family = Metric(name, documentation, "gauge")
         if value is not None:
-            family.add_metric([hostname], value)
+            family.add_sample(name, {"Hostname": hostname}, value)
         families.append(family)
     for direction in ("rx", "tx"):
-        family = GaugeMetricFamily(
-            f"gpuval_infiniband_{direction}_bytes_per_second",
+        name = f"gpuval_infiniband_{direction}_bytes_per_second"
+        family = Metric(
+            name,
             f"InfiniBand port data {'received' if direction == 'rx' else 'sent'}, from sysfs counters.",
-            labels=["Hostname", "hca", "port"],
+            "gauge",
         )
         for port in reading.infiniband:
             value = getattr(port, f"{direction}_bytes_per_s")
             if value is not None:
-                family.add_metric([hostname, port.hca, str(port.port)], value)
+                family.add_sample(
+                    name, {"Hostname": hostname, "hca": port.hca, "port": str(port.port)}, value
+                )
         families.append(family)
     return families
 
 
-class ReadingCollector(Collector):
-    """Serves whatever reading `latest` returns at scrape time; the monitor loop keeps it fresh."""
+def _escape(text: str, quote: bool) -> str:
+    """The text format's escapes: backslash and newline everywhere, the double quote in label values."""
+    text = text.replace("\\", r"\\").replace("\n", r"\n")
+    return text.replace('"', r"\"") if quote else text
 
-    def __init__(self, latest: Callable[[], Reading | None]) -> None:
-        self.latest = latest
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        reading = self.latest()
-        return metrics(reading) if reading is not None else []
+def _number(value: float) -> str:
+    """A whole number as DCGM-exporter writes its integer fields ("%d"), any other as prometheus_client
+    writes floats."""
+    if float(value).is_integer() and abs(value) < 2**63:
+        return str(int(value))
+    return floatToGoString(value)
+
+
+def exposition(families: Iterable[Metric]) -> bytes:
+    """Prometheus text format 0.0.4 as DCGM-exporter writes it: HELP and TYPE under the metric's own name
+    (a counter too), then one line per sample with its labels in the order given."""
+    lines = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {_escape(family.documentation, quote=False)}")
+        lines.append(f"# TYPE {family.name} {family.type}")
+        for sample in family.samples:
+            labels = ",".join(f'{key}="{_escape(value, quote=True)}"' for key, value in sample.labels.items())
+            braced = f"{{{labels}}}" if labels else ""
+            lines.append(f"{sample.name}{braced} {_number(sample.value)}")
+    return ("\n".join(lines) + "\n").encode()
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -279,9 +301,7 @@ class MetricsServer:
 
     def _render(self, reading: Reading | None) -> bytes:
         self.renders += 1
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(ReadingCollector(lambda: reading))
-        return generate_latest(registry)
+        return exposition(metrics(reading)) if reading is not None else b""
 
 
 def serve(
