@@ -224,11 +224,11 @@ def pretrain(
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from gpuval.finetune.batches import data_order, to_device
     from gpuval.finetune.kernels import flatten_for_varlen, use_varlen_attention
     from gpuval.finetune.optim import lr_factor
     from gpuval.finetune.packing import collate, pack
     from gpuval.finetune.parallel import decoder_layers
-    from gpuval.finetune.trainer import data_order, to_device
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))

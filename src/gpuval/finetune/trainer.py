@@ -15,6 +15,10 @@ micro-batch back-propagates its summed loss divided by that count and multiplied
 DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps give the same gradients as
 1 rank × 2k, and a long document weighs the same whichever micro-batch it lands in.
 
+The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
+before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
+micro-batch waits for the host.
+
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
 """
@@ -35,6 +39,7 @@ import torch.distributed as dist
 
 from gpuval.atomic import write_text_atomic
 from gpuval.errors import RunError, UsageError
+from gpuval.finetune.batches import step_batches_for
 from gpuval.finetune.checkpoint import (
     FINAL_ADAPTER,
     load_checkpoint,
@@ -48,7 +53,6 @@ from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.kernels import (
     LossHead,
     apply_liger,
-    flatten_for_varlen,
     resolve_attention,
     resolve_kernels,
     resolve_row_kernel,
@@ -57,9 +61,9 @@ from gpuval.finetune.kernels import (
 )
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
-from gpuval.finetune.packing import collate, pack_with_stats, packs_s_eff
+from gpuval.finetune.packing import pack_with_stats, packs_s_eff
 from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
-from gpuval.finetune.template import IGNORE_INDEX, encode
+from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 
 TENSORBOARD = "tensorboard"
@@ -176,52 +180,47 @@ def train(
     last_step = t.max_steps if stop_after_step is None else min(stop_after_step, t.max_steps)
     parallel.module.train()
     profiler = None
-    while step < last_step:
+    step_batches = step_batches_for(
+        packs,
+        t.seed,
+        rank,
+        world,
+        t.micro_batch_size,
+        t.grad_accum_steps,
+        cfg.data.max_seq_len,
+        pad_id,
+        device,
+        varlen=attention == "varlen",
+        fixed_longest=compiled,
+        whole_rows=row_kernel != "varlen",
+        mask_dtype=mask_dtype,
+    )
+    upcoming = step_batches(step) if step < last_step else None
+    while upcoming is not None:
         if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
             profiler = _start_profiler(runtime.on_gpu)
         started = time.perf_counter()
         if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
-        # This rank's packs of this step: a contiguous slice of the step's global batch.
-        step_packs = data_order(len(packs), t.seed, step * global_batch, global_batch)
-        mine = [packs[i] for i in step_packs[rank * per_rank : (rank + 1) * per_rank]]
-        micro_batches = [mine[i : i + t.micro_batch_size] for i in range(0, per_rank, t.micro_batch_size)]
-        # Padded to max_seq_len: one shape for every step (no per-shape kernel set-up on CPU or GPU).
-        if attention == "varlen":  # one row per micro-batch, documents by cu_seq_lens: no mask at all
-            batches = [
-                flatten_for_varlen(
-                    collate(mb, pad_id, cfg.data.max_seq_len, with_mask=False),
-                    max_length=cfg.data.max_seq_len if compiled else None,
-                    whole_rows=row_kernel != "varlen",
-                )
-                for mb in micro_batches
-            ]
-        else:
-            batches = [collate(mb, pad_id, cfg.data.max_seq_len, mask_dtype) for mb in micro_batches]
-        # Label tokens of the whole step on every rank: the loss denominator (labels shift by one).
-        counts = torch.tensor(
-            [sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches), sum(map(len, mine))],
-            dtype=torch.float64,
-            device=device,  # NCCL reduces GPU tensors only
-        )
-        dist.all_reduce(counts)
-        label_tokens, real_tokens = int(counts[0]), int(counts[1])
-
+        current = upcoming
+        # The loss denominator stays on the device: dividing by it makes no micro-batch wait for the host.
+        label_tokens_on_device = current.counts[0].clamp(min=1).float()
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for index, batch in enumerate(batches):
-            batch = {key: to_device(value, device) for key, value in batch.items()}
+        for index, batch in enumerate(current.batches):
+            batch = dict(batch)
             labels = batch.pop("labels")
-            batch.pop("segments", None)
             # Gradients are reduced across ranks only on the last micro-batch of the step.
-            with parallel.accumulating(last=index == len(batches) - 1):
+            with parallel.accumulating(last=index == len(current.batches) - 1):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
                     # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
                     model_out = parallel.module(**batch).logits
                     token_losses_sum = loss_head(model_out, labels)
                 # × world: the gradient reduction divides the summed gradients by the world size.
-                parallel.backward(token_losses_sum * world / max(label_tokens, 1))
+                parallel.backward(token_losses_sum * world / label_tokens_on_device)
             loss_sum += token_losses_sum.detach().double()
+        # The next step's batches, made and copied while the GPU still runs this one.
+        upcoming = step_batches(step + 1) if step + 1 < last_step else None
 
         lr = parallel.lr()
         grad_norm = parallel.step(t.grad_clip)
@@ -234,6 +233,7 @@ def train(
             profiler = None
 
         dist.all_reduce(reduced)
+        label_tokens, real_tokens = (int(count) for count in current.counts.tolist())
         loss = float(reduced[0]) / max(label_tokens, 1)
         bad_weights = int(reduced[1])
         if not math.isfinite(loss) or bad_weights:
@@ -252,7 +252,7 @@ def train(
             elapsed_s = time.perf_counter() - started
         per_gpu = real_tokens / world / elapsed_s
         flops_per_token = lora_flops_per_token(
-            model.config, trainable_count, packs_s_eff(packs[i] for i in step_packs)
+            model.config, trainable_count, packs_s_eff(packs[i] for i in current.pack_indices)
         )
         record = {
             "step": step,
@@ -344,24 +344,6 @@ def _stop_profiler(profiler: Any, folder: Path, on_gpu: bool) -> None:
     sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
     table = profiler.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=70)
     write_text_atomic(folder / "operators.txt", table + "\n")
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
-
-
-def data_order(count: int, seed: int, start: int, length: int) -> list[int]:
-    """Pack indices `start .. start+length` of an endless stream of epochs, each a seeded permutation of
-    `count` packs (epoch e uses seed + e). A position in the stream is all a checkpoint needs to store."""
-    indices: list[int] = []
-    epoch_cache: dict[int, list[int]] = {}
-    for position in range(start, start + length):
-        epoch, offset = divmod(position, count)
-        if epoch not in epoch_cache:
-            generator = torch.Generator().manual_seed(seed + epoch)
-            epoch_cache[epoch] = torch.randperm(count, generator=generator).tolist()
-        indices.append(epoch_cache[epoch][offset])
-    return indices
 
 
 def _encoded(path: str, tokenizer: Any, max_seq_len: int) -> list[Any]:
