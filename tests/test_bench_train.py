@@ -32,6 +32,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "row_kernel": "varlen",
         "kernels": "torch",
         "fused_loss": False,
+        "precision": "bf16",
     }
 
 
@@ -45,6 +46,7 @@ def test_timed_steps_exclude_warmup_and_report_the_median():
     assert (m.metrics["tokens_per_s_per_gpu_min"], m.metrics["tokens_per_s_per_gpu_max"]) == (101.0, 103.0)
     assert (m.metrics["loss_first"], m.metrics["loss_last"]) == (5.0, 2.5)
     assert m.metrics["mfu_pct"] is None and m.metrics["step_ms"] == 500.0
+    assert m.params["precision"] == "bf16"  # what ran, from the summary
 
 
 @pytest.mark.parametrize(

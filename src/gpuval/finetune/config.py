@@ -126,6 +126,11 @@ class TrainSettings(_Strict):
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
     )
+    precision: Literal["bf16", "fp8-base"] = Field(
+        "bf16",
+        description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
+        "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,

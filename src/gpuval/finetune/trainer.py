@@ -17,7 +17,7 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host.
+micro-batch waits for the host. On a Hopper GPU the frozen base may run in FP8 (`train.precision`, fp8.py).
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -50,6 +50,7 @@ from gpuval.finetune.checkpoint import (
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
+from gpuval.finetune.fp8 import convert_frozen_linears, resolve_precision
 from gpuval.finetune.kernels import (
     LossHead,
     apply_liger,
@@ -112,6 +113,9 @@ def train(
     random.seed(t.seed)
     if t.parallel == "deepspeed":  # a missing or broken JSON is found before minutes of model loading
         deepspeed_config(cfg, world, dtype, runtime.on_gpu)
+    gpu_name = torch.cuda.get_device_name(device) if runtime.on_gpu else None
+    capability = torch.cuda.get_device_capability(device) if runtime.on_gpu else None
+    precision = resolve_precision(t.precision, cfg.dtype, t.parallel, gpu_name, capability)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
@@ -144,6 +148,8 @@ def train(
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
+    # After the move (the FP8 weights are made on the device), before compiling.
+    fp8_linears = convert_frozen_linears(decoder_layers(model)) if precision == "fp8-base" else 0
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in decoder_layers(model):
@@ -168,7 +174,8 @@ def train(
         f"world {world} ({runtime.backend}, {device.type}, {t.parallel}) | packs {len(packs)} of "
         f"{packed.max_seq_len} tokens, {packed.efficiency:.0%} filled, {packed.dropped} dropped, "
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
-        f"trainable params {trainable_count:,}"
+        f"trainable params {trainable_count:,} | precision {precision}"
+        + (f" ({fp8_linears} frozen linears in FP8)" if fp8_linears else "")
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -313,6 +320,7 @@ def train(
         "fused_loss": fused_loss,
         "activation_checkpointing": checkpointing,
         "compile": compiled,
+        "precision": precision,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),

@@ -1,0 +1,212 @@
+"""FP8 products for the frozen base weights (`train.precision: fp8-base`, issue 23).
+
+LoRA never changes the base weights, so their products can run in FP8 on a Hopper GPU (compute capability
+9.0: `torch._scaled_mm` with row-wise scales) while everything that trains stays in bf16:
+
+- each frozen `nn.Linear` of the decoder layers (the base layer that a LoRA adapter wraps, and the MLP's
+  projections; never the output head) is quantised once to float8_e4m3fn with one scale per output
+  channel, `scale = amax / 448` over the row (448 is e4m3's largest finite value), and once more
+  transposed, with one scale per input channel, for the backward product;
+- activations are quantised each step with one scale per token (row), the same way;
+- forward `y = x Wᵀ` and backward `grad_x = grad_y W` are both `_scaled_mm(A_e4m3, B_e4m3,
+  scale_a (M, 1), scale_b (1, N))` with a bf16 result; the weight gets no gradient at all.
+
+Why e4m3 for the gradient too (where per-tensor FP8 recipes use e5m2): with one scale per row every row's
+largest value lands on 448, so e5m2's wider exponent range buys nothing, while e4m3 keeps one more mantissa
+bit; and the row-wise kernels take e4m3 on both sides (torchao's all-axiswise recipe does the same).
+
+Precision of one element (what the tests check, derived rather than tuned): e4m3 has 3 mantissa bits, so
+rounding to nearest moves a normal value by at most 2⁻⁴ of itself; below e4m3's smallest normal value
+(2⁻⁶ after scaling) the spacing is 2⁻⁹, so the error is at most 2⁻¹⁰·scale there.
+
+The quantised weights are plain tensor attributes of `Fp8Linear`, not parameters or buffers: they are made
+on the model's device after it was moved there, no optimizer, state dict, checkpoint or DDP broadcast sees
+them, and the adapter saved is PEFT's as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from gpuval.errors import UsageError
+
+PRECISIONS = ("bf16", "fp8-base")
+FP8 = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8).max)  # 448
+MIN_CAPABILITY = (9, 0)  # Hopper: row-wise scaled FP8 products (torch._scaled_mm)
+AMAX_FLOOR = 1e-12  # an all-zero row keeps a finite scale (its values quantise to 0)
+# _scaled_mm needs both dimensions of the weight to be multiples of 16; other linears stay in bf16.
+ALIGNMENT = 16
+# Fast accumulation for the forward product only, as torchao's Float8LinearConfig defaults
+# (gemm_config_output fast, gemm_config_grad_input not).
+FAST_ACCUM_FORWARD = True
+FAST_ACCUM_BACKWARD = False
+
+
+def resolve_precision(
+    setting: str,
+    dtype: str,
+    parallel: str,
+    device_name: str | None,
+    capability: tuple[int, int] | None,
+) -> str:
+    """`train.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why.
+    `device_name`/`capability`: the GPU's (torch.cuda.get_device_name / get_device_capability), None on a
+    CPU."""
+    if setting not in PRECISIONS:
+        raise UsageError(f"train.precision={setting}: expected one of {', '.join(PRECISIONS)}")
+    if setting == "bf16":
+        return setting
+    if device_name is None or capability is None:
+        raise UsageError(
+            "train.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, H200); "
+            "this run is on the CPU: set train.precision=bf16"
+        )
+    if tuple(capability) < MIN_CAPABILITY:
+        raise UsageError(
+            "train.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, H200) "
+            f"for row-wise scaled FP8 products; found {device_name} (compute capability "
+            f"{capability[0]}.{capability[1]}): set train.precision=bf16"
+        )
+    if dtype != "bfloat16":
+        raise UsageError(f"train.precision=fp8-base needs dtype: bfloat16 (the config has {dtype})")
+    if parallel != "ddp":
+        raise UsageError(
+            f"train.precision=fp8-base works with train.parallel=ddp only (not {parallel}: it shards the "
+            "weights that fp8-base replaces): set train.precision=bf16 or train.parallel=ddp"
+        )
+    return setting
+
+
+def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values of a 2-D tensor and their float32 scales, one per row (shape `(rows, 1)`):
+    `matrix ≈ values.float() * scales`. The cast to e4m3 does not saturate (out of range is NaN), so the
+    scaled values are clamped to ±448 first: amax / (amax / 448) can round to just above 448."""
+    amax = matrix.abs().amax(dim=-1, keepdim=True).float()
+    scales = amax.clamp(min=AMAX_FLOOR) / FP8_MAX
+    values = (matrix.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return values, scales
+
+
+class _Fp8LinearFunction(torch.autograd.Function):
+    """`x Wᵀ + b` in FP8 with a gradient for `x` only (W and b are frozen)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,  # (out, in) e4m3
+        weight_scale: torch.Tensor,  # (1, out) float32
+        weight_t: torch.Tensor,  # (in, out) e4m3, contiguous: the backward product's operand
+        weight_t_scale: torch.Tensor,  # (1, in) float32
+        bias: torch.Tensor | None,  # (out,) bf16
+    ) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        x_fp8, x_scale = quantize_rows(rows)
+        out = torch._scaled_mm(
+            x_fp8,
+            weight.t(),  # column-major (in, out), as _scaled_mm's second operand must be
+            scale_a=x_scale,
+            scale_b=weight_scale,
+            bias=bias,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=FAST_ACCUM_FORWARD,
+        )
+        ctx.save_for_backward(weight_t, weight_t_scale)
+        ctx.input_dtype = x.dtype  # type: ignore[attr-defined]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple:  # type: ignore[override]
+        if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
+            return None, None, None, None, None, None
+        weight_t, weight_t_scale = ctx.saved_tensors  # type: ignore[attr-defined]
+        grad_fp8, grad_scale = quantize_rows(grad_out.reshape(-1, grad_out.shape[-1]))
+        grad_x = torch._scaled_mm(
+            grad_fp8,
+            weight_t.t(),  # column-major (out, in)
+            scale_a=grad_scale,
+            scale_b=weight_t_scale,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=FAST_ACCUM_BACKWARD,
+        )
+        grad_x = grad_x.reshape(*grad_out.shape[:-1], grad_x.shape[-1]).to(ctx.input_dtype)  # type: ignore[attr-defined]
+        return grad_x, None, None, None, None, None
+
+
+class Fp8Linear(torch.nn.Module):
+    """A frozen linear layer whose products run in FP8 (module docstring); the output is bf16."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        weight_t: torch.Tensor,
+        weight_t_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        # Plain attributes, not parameters or buffers (module docstring).
+        self.weight_fp8 = weight
+        self.weight_scale = weight_scale
+        self.weight_t_fp8 = weight_t
+        self.weight_t_scale = weight_t_scale
+        self.bias_bf16 = bias
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear) -> Fp8Linear:
+        weight = linear.weight.detach()
+        values, scales = quantize_rows(weight)  # one scale per output channel
+        values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        return cls(values, scales.reshape(1, -1), values_t.contiguous(), scales_t.reshape(1, -1), bias)
+
+    @property
+    def in_features(self) -> int:
+        return self.weight_fp8.shape[1]
+
+    @property
+    def out_features(self) -> int:
+        return self.weight_fp8.shape[0]
+
+    def rows(self, start: int, end: int) -> Fp8Linear:
+        """The output channels `start:end` as a layer of their own, sharing this one's memory (fused q/k/v:
+        the parts of one concatenated weight). The transposed copy keeps the scales of the whole input
+        channel, which are at least as wide as the part's own: still a valid quantisation of the part."""
+        bias = None if self.bias_bf16 is None else self.bias_bf16[start:end]
+        return Fp8Linear(
+            self.weight_fp8[start:end],
+            self.weight_scale[:, start:end],
+            self.weight_t_fp8[:, start:end],
+            self.weight_t_scale,
+            bias,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Fp8LinearFunction.apply(
+            x, self.weight_fp8, self.weight_scale, self.weight_t_fp8, self.weight_t_scale, self.bias_bf16
+        )
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3 row-wise"
+
+
+def fits_fp8(linear: torch.nn.Linear) -> bool:
+    return linear.in_features % ALIGNMENT == 0 and linear.out_features % ALIGNMENT == 0
+
+
+def convert_frozen_linears(layers: Iterable[torch.nn.Module]) -> int:
+    """Replace every frozen `nn.Linear` inside `layers` (the decoder layers) by an `Fp8Linear`; trainable
+    linears (LoRA's A and B) and layers already converted are left alone. Returns how many were replaced."""
+    targets = [
+        (parent, name, child)
+        for layer in layers
+        for parent in layer.modules()
+        for name, child in parent.named_children()
+        if type(child) is torch.nn.Linear and not child.weight.requires_grad and fits_fp8(child)
+    ]
+    for parent, name, child in targets:
+        setattr(parent, name, Fp8Linear.from_linear(child))
+    return len(targets)
