@@ -33,6 +33,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "kernels": "torch",
         "fused_loss": False,
         "precision": "bf16",
+        "fused_qkv": False,
     }
 
 
@@ -46,7 +47,7 @@ def test_timed_steps_exclude_warmup_and_report_the_median():
     assert (m.metrics["tokens_per_s_per_gpu_min"], m.metrics["tokens_per_s_per_gpu_max"]) == (101.0, 103.0)
     assert (m.metrics["loss_first"], m.metrics["loss_last"]) == (5.0, 2.5)
     assert m.metrics["mfu_pct"] is None and m.metrics["step_ms"] == 500.0
-    assert m.params["precision"] == "bf16"  # what ran, from the summary
+    assert (m.params["precision"], m.params["fused_qkv"]) == ("bf16", False)  # what ran, from the summary
 
 
 @pytest.mark.parametrize(

@@ -203,6 +203,33 @@ def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameter
     assert with_grad == set(trainable_before) and all("lora_" in n for n in with_grad)
 
 
+def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it():
+    from gpuval.finetune.fused_qkv import fuse_qkv
+    from gpuval.finetune.parallel import decoder_layers
+
+    model = _lora_model()
+    attention = model.get_base_model().model.layers[0].self_attn
+    originals = [
+        getattr(attention, n).base_layer.weight.detach().clone() for n in ("q_proj", "k_proj", "v_proj")
+    ]
+    assert fuse_qkv(model, fp8=True) == len(model.get_base_model().model.layers)
+    parts = [getattr(attention, n).base_layer for n in ("q_proj", "k_proj", "v_proj")]
+    assert all(type(p) is Fp8Linear for p in parts)
+    fused = attention.q_proj.forward.__self__.base
+    assert type(fused) is Fp8Linear and fused.out_features == sum(p.out_features for p in parts)
+    start = 0
+    for part, original in zip(parts, originals, strict=True):
+        assert part.weight_fp8.data_ptr() == fused.weight_fp8[start].data_ptr()  # a view, no second copy
+        # row-wise scales: quantising the concatenation row by row is quantising each part
+        values, scales = quantize_rows(original)
+        assert torch.equal(part.weight_fp8.float(), values.float()) and torch.equal(
+            part.weight_scale, scales.T
+        )
+        start += part.out_features
+    # the rest of the layer converts around it; the fused parts are not converted twice
+    assert convert_frozen_linears(decoder_layers(model)) == len(model.get_base_model().model.layers) * 4
+
+
 def test_fp8_on_a_cpu_is_refused_before_loading(runtime, train_file, tmp_path, monkeypatch):  # noqa: F811
     import gpuval.finetune.trainer as trainer
     from gpuval.finetune.config import finetune_config_from_dict
@@ -243,7 +270,7 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
     data["dtype"] = "bfloat16"
     data["data"]["max_seq_len"] = 128
     summary = trainer.train(finetune_config_from_dict(data), runtime)
-    assert summary["precision"] == "fp8-base"
+    assert summary["precision"] == "fp8-base" and summary["fused_qkv"] is False  # auto: off on a CPU
     assert converted == [6 * 7]  # the tiny model's 6 layers: q, k, v, o, gate, up, down
     assert all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in summary["steps"])
     loaded = PeftModel.from_pretrained(load_model("tiny", torch.bfloat16), summary["adapter"])

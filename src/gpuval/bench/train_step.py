@@ -8,9 +8,9 @@ CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a 
 
 On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 3, varlen
 attention (cuDNN's causal kernel for whole-document rows on Hopper), Liger's fused linear +
-cross-entropy, compiled decoder layers, no activation checkpointing;
-`--set compile=false`, `kernels=torch`, `attention=sdpa`, `activation_checkpointing=true` take them away,
-and `--set precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
+cross-entropy, compiled decoder layers, q/k/v fused, no activation checkpointing;
+`--set compile=false`, `kernels=torch`, `attention=sdpa`, `fuse_qkv=false`, `activation_checkpointing=true`
+take them away, and `--set precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
 
 - `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
 - `mode: fixed`: every sequence is one conversation of exactly `seq_len` tokens (long conversations cut),
@@ -75,6 +75,9 @@ class TrainBenchOptions(BaseModel):
     compile: bool = Field(False, description="torch.compile every decoder layer")
     precision: Literal["bf16", "fp8-base"] = Field(
         "bf16", description="frozen base products in bf16, or FP8 with row-wise scales (Hopper; finetune)"
+    )
+    fuse_qkv: bool | Literal["auto"] = Field(
+        "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
     )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
@@ -190,6 +193,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "kernels": options.kernels,
                     "compile": options.compile,
                     "precision": options.precision,
+                    "fuse_qkv": options.fuse_qkv,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
@@ -244,6 +248,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "fused_loss": summary["fused_loss"],
             "compile": options.compile,
             "precision": summary["precision"],
+            "fused_qkv": summary["fused_qkv"],  # what ran, after auto
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

@@ -131,6 +131,11 @@ class TrainSettings(_Strict):
         description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
         "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
     )
+    fuse_qkv: bool | Literal["auto"] = Field(
+        "auto",
+        description="q, k and v with their LoRA adapters as one product and one dropout mask "
+        "(finetune/fused_qkv.py); auto: on a GPU under ddp",
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,

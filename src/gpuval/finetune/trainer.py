@@ -17,7 +17,8 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host. On a Hopper GPU the frozen base may run in FP8 (`train.precision`, fp8.py).
+micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py) and q/k/v as one
+product (`train.fuse_qkv`, fused_qkv.py).
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -51,6 +52,7 @@ from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.fp8 import convert_frozen_linears, resolve_precision
+from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
     LossHead,
     apply_liger,
@@ -116,6 +118,7 @@ def train(
     gpu_name = torch.cuda.get_device_name(device) if runtime.on_gpu else None
     capability = torch.cuda.get_device_capability(device) if runtime.on_gpu else None
     precision = resolve_precision(t.precision, cfg.dtype, t.parallel, gpu_name, capability)
+    fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
@@ -148,7 +151,13 @@ def train(
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
-    # After the move (the FP8 weights are made on the device), before compiling.
+    # After the move (the concatenated and FP8 weights are made on the device), before compiling.
+    fused_attention = fuse_qkv(model, fp8=precision == "fp8-base") if fuse else 0
+    if t.fuse_qkv is True and not fused_attention:
+        raise UsageError(
+            "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
+            "and v_proj: set train.fuse_qkv=false"
+        )
     fp8_linears = convert_frozen_linears(decoder_layers(model)) if precision == "fp8-base" else 0
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
@@ -175,7 +184,12 @@ def train(
         f"{packed.max_seq_len} tokens, {packed.efficiency:.0%} filled, {packed.dropped} dropped, "
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {trainable_count:,} | precision {precision}"
-        + (f" ({fp8_linears} frozen linears in FP8)" if fp8_linears else "")
+        + (
+            f" ({fp8_linears} frozen linears{' and the fused q/k/v' if fused_attention else ''} in FP8)"
+            if fp8_linears
+            else ""
+        )
+        + (f" | q/k/v fused in {fused_attention} attention layers" if fused_attention else "")
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -321,6 +335,7 @@ def train(
         "activation_checkpointing": checkpointing,
         "compile": compiled,
         "precision": precision,
+        "fused_qkv": fused_attention > 0,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
