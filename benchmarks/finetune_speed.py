@@ -1,7 +1,8 @@
-"""Issue 5: the seeds' fine-tune step against gpuval's: one run, one machine, same model shape and tokens.
+"""Issues 5 and 23: the seeds' fine-tune step and TRL's against gpuval's: one run, one machine, same model
+shape and tokens.
 
     python benchmarks/finetune_speed.py --output speed.json            # on a GPU machine
-    python benchmarks/finetune_speed.py --variants seeds,gpuval ...    # a subset
+    python benchmarks/finetune_speed.py --variants seeds,trl,gpuval    # a subset
 
 Variants (each in a fresh process: Liger patches transformers' Qwen2 module globally, and a 7B model's
 memory must be given back between runs):
@@ -10,9 +11,18 @@ memory must be given back between runs):
   in the step): `model(input_ids, labels=labels).loss`, per-device batch 2, activation checkpointing
   (`gradient_checkpointing_enable`), SDPA attention, bf16 autocast, torch AdamW. Their padded batches are
   the same as packed ones here: every sequence is one conversation of exactly `--seq-len` tokens.
+- `trl`: what a user would pick instead of a hand-written loop (issue 23): TRL's SFTTrainer with
+  padding-free batches (`padding_free=True`), Liger-Kernel (`use_liger_kernel=True`) and no activation
+  checkpointing, the same LoRA (r64, alpha 128, dropout 0.05 on q/k/v/o), bf16, fused AdamW, per-device
+  batch `--trl-micro-batch` (2) and the same sequences per optimizer step. Only TRL, transformers and PEFT
+  run the step (`run_trl`); its steps are timed by a TrainerCallback with CUDA events between
+  `on_step_begin` and `on_step_end` (the Trainer fetches a step's batches before `on_step_begin`).
+  `trl-padded`: the same with `padding_free=False` (every row is 4,096 tokens, so nothing is padded, and
+  transformers drops the all-ones mask: SDPA runs without one, as for the seeds).
 - `gpuval-*`: `gpuval bench train --set mode=fixed` (the very step `gpuval finetune train` runs) with the
   settings in VARIANTS; `gpuval` is the default, fastest configuration, the others take one thing away at
-  a time so the gain of each is measured, and `gpuval-packed` is the same step on packed Glaive-length
+  a time so the gain of each is measured (`gpuval-unfused`: PEFT's own q/k/v), `gpuval-fp8` adds the FP8
+  frozen base (`precision=fp8-base`), and `gpuval-packed` is the same step on packed Glaive-length
   documents.
 
 Both sides train on the same token ids: bench train's synthetic conversations (bench/train.py,
@@ -23,8 +33,9 @@ tokens.
 Every step is timed with CUDA events; the first `--warmup` steps are not counted. The LoRA recipe is
 configs/finetune/qwen2-7b-lora.yaml's: r 64, alpha 128, dropout 0.05, q/k/v/o.
 
-Output JSON: per variant tokens/s/GPU (median, min, max), step ms, MFU (LoRA formula, finetune/flops.py),
-peak memory, first/last loss; `ratio`: gpuval / seeds.
+Output JSON (rewritten after every variant, so a run cut short keeps what finished): per variant
+tokens/s/GPU (median, min, max), step ms, MFU (LoRA formula, finetune/flops.py), peak memory, first/last
+loss; `ratio_to_seeds` and `ratio_to_trl`: each variant's tokens/s over the seeds' and over TRL's.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,9 +74,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
     "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
+    "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
+    "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
 }
-DEFAULT_VARIANTS = ("seeds", "gpuval", "gpuval-mb2", "gpuval-varlen", "gpuval-packed")
+TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
+DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
+TRL_MICRO_BATCH = 2  # the seeds' per-device batch; without checkpointing 7B at 3 x 4,096 may not fit
+BASELINES = {"ratio_to_seeds": "seeds", "ratio_to_trl": "trl"}
+LR = 1e-4  # bench train's (gpuval's side), on every side
 
 
 def main() -> int:
@@ -75,7 +93,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--records", type=int, default=3000)
-    parser.add_argument("--sequences-per-step", type=int, default=6, help="global batch, both sides")
+    parser.add_argument("--sequences-per-step", type=int, default=6, help="global batch, every side")
+    parser.add_argument("--trl-micro-batch", type=int, default=TRL_MICRO_BATCH, help="TRL's per-device batch")
+    parser.add_argument("--variant-timeout", type=int, default=300, help="seconds a variant may take")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--profile", help="profile this variant too: trace, operator table beside --output")
@@ -91,23 +111,59 @@ def main() -> int:
         command = [sys.executable, __file__, "--one", name, "--output", str(args.output)]
         if name == args.profile:
             command += ["--profile", name]
-        for flag in ("model", "tokenizer", "seq_len", "steps", "warmup", "records", "sequences_per_step"):
+        for flag in SUBPROCESS_FLAGS:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-            results[name] = {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        returncode, output = run_bounded(command, args.variant_timeout)
+        lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+        if returncode is None:
+            results[name] = {"error": f"timed out after {args.variant_timeout} s: " + _tail(output)}
+        elif returncode != 0 or not lines:
+            results[name] = {"error": f"exit {returncode}: " + _tail(output)}
         else:
             results[name] = json.loads(lines[-1][len("RESULT ") :])
         print(json.dumps(results[name]), flush=True)
+        write_report(args, results)  # after every variant: a run cut short keeps what finished
 
-    seeds = results.get("seeds", {}).get("tokens_per_s_per_gpu")
-    ratios = {
-        name: r["tokens_per_s_per_gpu"] / seeds
-        for name, r in results.items()
-        if seeds and name != "seeds" and "tokens_per_s_per_gpu" in r
+    report = write_report(args, results)
+    print(f"{'variant':<18} {'tokens/s/GPU':>13} {'MFU':>6} {'peak GiB':>9} {'x seeds':>8} {'x TRL':>6}")
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name:<18} ERROR {r['error'][:90]}")
+            continue
+        mfu = f"{r['mfu_pct']:.1f}%" if r.get("mfu_pct") is not None else "-"
+        peak = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "-"
+        ratios = [report[key].get(name, float("nan")) for key in BASELINES]
+        print(
+            f"{name:<18} {r['tokens_per_s_per_gpu']:>13,.0f} {mfu:>6} {peak:>9} "
+            f"{ratios[0]:>8.2f} {ratios[1]:>6.2f}"
+        )
+    return 0 if all("error" not in r for r in results.values()) else 1
+
+
+SUBPROCESS_FLAGS = (
+    "model",
+    "tokenizer",
+    "seq_len",
+    "steps",
+    "warmup",
+    "records",
+    "sequences_per_step",
+    "trl_micro_batch",
+)
+
+
+def ratios_to(results: dict[str, Any], baseline: str) -> dict[str, float]:
+    """Every measured variant's tokens/s over `baseline`'s (the baseline itself: 1.0); empty when the
+    baseline has no figure."""
+    base = results.get(baseline, {}).get("tokens_per_s_per_gpu")
+    if not base:
+        return {}
+    return {
+        name: r["tokens_per_s_per_gpu"] / base for name, r in results.items() if "tokens_per_s_per_gpu" in r
     }
+
+
+def write_report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     report = {
         "schema": "gpuval.bench.finetune_speed/v1",
         "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -121,30 +177,43 @@ def main() -> int:
             "warmup": args.warmup,
             "recipe": RECIPE,
             "sequences_per_step": args.sequences_per_step,
+            "trl_micro_batch": args.trl_micro_batch,
         },
         "variants": results,
-        "ratio_to_seeds": ratios,
+        **{key: ratios_to(results, baseline) for key, baseline in BASELINES.items()},
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"{'variant':<18} {'tokens/s/GPU':>13} {'MFU':>6} {'peak GiB':>9} {'x seeds':>8}")
-    for name, r in results.items():
-        if "error" in r:
-            print(f"{name:<18} ERROR {r['error'][:90]}")
-            continue
-        mfu = f"{r['mfu_pct']:.1f}%" if r.get("mfu_pct") is not None else "-"
-        peak = f"{r['peak_memory_gib']:.1f}" if r.get("peak_memory_gib") is not None else "-"
-        print(
-            f"{name:<18} {r['tokens_per_s_per_gpu']:>13,.0f} {mfu:>6} {peak:>9} "
-            f"{ratios.get(name, 1.0 if name == 'seeds' else float('nan')):>8.2f}"
-        )
-    return 0 if all("error" not in r for r in results.values()) else 1
+    return report
+
+
+def run_bounded(command: list[str], timeout_s: float, cwd: Path | None = None) -> tuple[int | None, str]:
+    """Run `command` in a process group of its own and return (exit code, stdout + stderr); past
+    `timeout_s` the whole group is killed (bench train's ranks too, which would keep the GPU's memory)
+    and the exit code is None."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=cwd
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+
+
+def _tail(output: str) -> str:
+    return " | ".join(output.strip().splitlines()[-5:])
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name == "seeds":
         return run_seeds(args)
+    if name in TRL_VARIANTS:
+        return run_trl(args, padding_free=TRL_VARIANTS[name])
     if name not in VARIANTS:
-        raise SystemExit(f"unknown variant {name!r}; known: seeds, {', '.join(VARIANTS)}")
+        known = ", ".join(["seeds", *TRL_VARIANTS, *VARIANTS])
+        raise SystemExit(f"unknown variant {name!r}; known: {known}")
     options = {
         "model": args.model,
         "tokenizer": args.tokenizer,
@@ -175,18 +244,13 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return {**measurement["metrics"], "params": measurement["params"], "options": options}
 
 
-def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
-    """The seeds' step with transformers + PEFT only; data and timing as gpuval's."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
+def same_sequences(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
+    """The global batch every side trains on, every step: bench train's first `--sequences-per-step`
+    fixed-mode sequences (synthetic conversations cut to exactly `--seq-len` tokens), ids and labels."""
     from gpuval.bench.train_step import TrainBenchOptions, synthetic_conversations
-    from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
-    from gpuval.finetune.model import load_model, load_tokenizer
     from gpuval.finetune.packing import pack_with_stats
     from gpuval.finetune.template import encode
 
-    device = torch.device("cuda")
     options = TrainBenchOptions(
         model=args.model,
         seq_len=args.seq_len,
@@ -196,34 +260,39 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
         warmup_steps=args.warmup,
         dtype="bfloat16",
     )
-    tokenizer = load_tokenizer(args.tokenizer)
     docs = [encode(c, tokenizer, args.seq_len) for c in synthetic_conversations(options)]
+    packs = pack_with_stats(docs, args.seq_len).packs[: args.sequences_per_step]
+    if len(packs) < args.sequences_per_step or any(len(p) != args.seq_len for p in packs):
+        raise SystemExit(f"--records {args.records} make too few {args.seq_len}-token sequences")
+    return [p.input_ids for p in packs], [p.labels for p in packs]
+
+
+def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
+    """The seeds' step with transformers + PEFT only; data and timing as gpuval's."""
+    import torch
+    from peft import get_peft_model
+
+    from gpuval.finetune.model import load_model, load_tokenizer
+
+    device = torch.device("cuda")
     count = args.sequences_per_step  # bench train's global batch: its first packs, the same every step
     if count % 2:
         raise SystemExit(
             f"--sequences-per-step {count}: the seeds' per-device batch is 2, give an even number"
         )
-    packs = pack_with_stats(docs, args.seq_len).packs[:count]
-    input_ids = torch.tensor([p.input_ids for p in packs], device=device)
-    labels = torch.tensor([p.labels for p in packs], device=device)
-    assert input_ids.shape == (count, args.seq_len), input_ids.shape
+    ids, labels_list = same_sequences(args, load_tokenizer(args.tokenizer))
+    input_ids = torch.tensor(ids, device=device)
+    labels = torch.tensor(labels_list, device=device)
     accumulation = count // 2
 
     torch.manual_seed(0)
     model = load_model(args.model, torch.bfloat16, device=device).to(device)
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = LoraConfig(
-        r=RECIPE["lora_rank"],
-        lora_alpha=RECIPE["lora_alpha"],
-        lora_dropout=RECIPE["lora_dropout"],
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lora)
+    model = get_peft_model(model, recipe_lora())
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(trainable, lr=LR, fused=True)
     losses, times = [], []
     for _step in range(args.warmup + args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -242,29 +311,187 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
         losses.append(float(step_loss))
+    params = {
+        "micro_batch_size": 2,
+        "grad_accum_steps": accumulation,
+        "activation_checkpointing": True,
+        "attention": "sdpa",
+    }
+    return step_result(args, model.config, sum(p.numel() for p in trainable), times, losses, params)
+
+
+def recipe_lora() -> Any:
+    """The recipe's LoRA (configs/finetune/qwen2-7b-lora.yaml) as PEFT's config, for the non-gpuval sides."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=RECIPE["lora_rank"],
+        lora_alpha=RECIPE["lora_alpha"],
+        lora_dropout=RECIPE["lora_dropout"],
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        task_type="CAUSAL_LM",
+    )
+
+
+def step_result(
+    args: argparse.Namespace,
+    config: Any,
+    trainable_params: int,
+    times: list[float],
+    losses: list[float],
+    params: dict[str, Any],
+) -> dict[str, Any]:
+    """A non-gpuval side's figures from its step times and losses, as bench train reports gpuval's."""
+    import torch
+
+    from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
+
     timed = times[args.warmup :]
-    tokens = input_ids.numel()
+    tokens = args.sequences_per_step * args.seq_len
     rates = [tokens / t for t in timed]
-    per_token = lora_flops_per_token(model.config, sum(p.numel() for p in trainable), float(args.seq_len))
-    peak = peak_flops(torch.cuda.get_device_name(device))
+    per_token = lora_flops_per_token(config, trainable_params, float(args.seq_len))
     rate = statistics.median(rates)
-    share = mfu(rate, per_token, peak)
+    share = mfu(rate, per_token, peak_flops(torch.cuda.get_device_name(0)))
     return {
         "tokens_per_s_per_gpu": rate,
         "tokens_per_s_per_gpu_min": min(rates),
         "tokens_per_s_per_gpu_max": max(rates),
         "mfu_pct": 100 * share if share is not None else None,
         "step_ms": 1e3 * statistics.median(timed),
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(0) / 2**30,
         "loss_first": losses[0],
         "loss_last": statistics.fmean(losses[-2:]),
-        "params": {
-            "micro_batch_size": 2,
-            "grad_accum_steps": accumulation,
-            "activation_checkpointing": True,
-            "attention": "sdpa",
-        },
+        "params": params,
     }
+
+
+def run_trl(args: argparse.Namespace, padding_free: bool) -> dict[str, Any]:
+    """TRL's SFTTrainer on the same sequences (module docstring); only TRL, transformers and PEFT in the
+    step. TRL is imported here only: the other variants run without it."""
+    import torch
+
+    from gpuval.finetune.model import load_model, load_tokenizer
+
+    device = torch.device("cuda")
+    tokenizer = load_tokenizer(args.tokenizer)
+    ids, labels = same_sequences(args, tokenizer)
+    torch.manual_seed(0)
+    model = load_model(args.model, torch.bfloat16, device=device).to(device)
+    model.config.use_cache = False
+    with tempfile.TemporaryDirectory() as folder:
+        config = trl_config_kwargs(args, padding_free, folder, on_gpu=True)
+        run = train_trl(model, tokenizer, {"input_ids": ids, "labels": labels}, config, on_gpu=True)
+    params = {
+        "micro_batch_size": config["per_device_train_batch_size"],
+        "grad_accum_steps": config["gradient_accumulation_steps"],
+        "activation_checkpointing": config["gradient_checkpointing"],
+        "padding_free": padding_free,
+        "use_liger_kernel": config["use_liger_kernel"],
+        "attention": run["attention"],
+        "trl": run["trl"],
+    }
+    return step_result(args, run["config"], run["trainable_params"], run["times"], run["losses"], params)
+
+
+def trl_config_kwargs(
+    args: argparse.Namespace, padding_free: bool, output_dir: str, on_gpu: bool = True
+) -> dict[str, Any]:
+    """SFTConfig's arguments for the TRL side: the recipe a user would write for this comparison. On a CPU
+    (tests) without bf16 and Liger, which need a GPU."""
+    micro = args.trl_micro_batch
+    if args.sequences_per_step % micro:
+        raise SystemExit(f"--sequences-per-step {args.sequences_per_step} is not a multiple of {micro}")
+    return {
+        "output_dir": output_dir,
+        "max_steps": args.warmup + args.steps,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": args.sequences_per_step // micro,
+        "learning_rate": LR,
+        "lr_scheduler_type": "constant",
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "optim": "adamw_torch_fused",
+        "bf16": on_gpu,
+        "use_cpu": not on_gpu,
+        "use_liger_kernel": on_gpu,
+        "gradient_checkpointing": False,  # SFTConfig's default is True
+        "padding_free": padding_free,
+        "packing": False,  # every sequence is already exactly --seq-len tokens
+        # padding-free without packing refuses max_length; the sequences are cut to --seq-len already
+        "max_length": None if padding_free else args.seq_len,
+        "logging_steps": 1,  # the loss of every step (a host sync after each step, as gpuval's loop has)
+        "save_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        "dataloader_num_workers": 0,
+    }
+
+
+def train_trl(
+    model: Any, tokenizer: Any, rows: dict[str, list[list[int]]], config_kwargs: dict[str, Any], on_gpu: bool
+) -> dict[str, Any]:
+    """Train `model` with TRL's SFTTrainer and the recipe's LoRA on pre-tokenized `rows` (input_ids and
+    labels, -100 where no loss): every step's seconds (CUDA events on a GPU) and loss."""
+    import trl
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    timer = _step_timer(on_gpu)
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**config_kwargs),
+        train_dataset=Dataset.from_dict(rows),
+        processing_class=tokenizer,
+        peft_config=recipe_lora(),
+        callbacks=[timer],
+    )
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    trained = trainer.model
+    return {
+        "times": timer.seconds(),
+        "losses": losses,
+        "trainable_params": sum(p.numel() for p in trained.parameters() if p.requires_grad),
+        "config": trained.config,
+        "attention": trained.config._attn_implementation,
+        "trl": trl.__version__,
+    }
+
+
+def _step_timer(on_gpu: bool) -> Any:
+    """A TrainerCallback that times each optimizer step from on_step_begin to on_step_end: CUDA events on a
+    GPU, read once at the end (no synchronisation of its own), the host clock on a CPU."""
+    import time
+
+    import torch
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.started: Any = None
+            self.steps: list[Any] = []
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.started = _mark()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.steps.append((self.started, _mark()))
+
+        def seconds(self) -> list[float]:
+            if on_gpu:
+                torch.cuda.synchronize()
+                return [start.elapsed_time(end) / 1e3 for start, end in self.steps]
+            return [end - start for start, end in self.steps]
+
+    def _mark() -> Any:
+        if not on_gpu:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    return StepTimer()
 
 
 def _versions() -> dict[str, Any]:
@@ -279,20 +506,19 @@ def _versions() -> dict[str, Any]:
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "gpuval_commit": _git_commit(),
+        "gpuval_commit": git_commit(),
     }
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-        import liger_kernel  # noqa: F401
-
-        info["liger_kernel"] = version("liger-kernel")
-    except ImportError:
-        info["liger_kernel"] = None
+    for package in ("liger-kernel", "trl", "datasets"):
+        try:
+            info[package.replace("-", "_")] = version(package)
+        except PackageNotFoundError:
+            info[package.replace("-", "_")] = None
     return info
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """GPUVAL_COMMIT when set (a device machine's copy of the tree can hold a stale .git), else HEAD."""
     if os.environ.get("GPUVAL_COMMIT"):
         return os.environ["GPUVAL_COMMIT"]

@@ -1,0 +1,207 @@
+"""Issue 23: the FP8 frozen base's loss curve against bf16's, same seed, data and LoRA init, ≥ 200 steps.
+
+    python benchmarks/fp8_loss.py --output fp8-loss.json      # on a Hopper GPU (H100, H200)
+
+Each precision trains in its own process with `gpuval finetune train` (the product's trainer) on the
+Qwen2-7B shape with random weights (the tiny tokenizer's ids), LoRA r64/alpha 128/dropout 0.05 on q/k/v/o,
+on bench train's synthetic conversations packed to `--seq-len` tokens: the same file, seed, data order,
+LoRA init and dropout draws on both sides, `--steps` optimizer steps of `--micro-batch` packs. Layers run
+eagerly by default (`--compile` to compile them): this measures the loss, not the speed
+(benchmarks/finetune_speed.py measures that), and compiling twice would cost more device time than the
+steps do.
+
+The comparison: each curve is smoothed by a trailing mean over `--window` steps (the per-step loss of one
+batch is noisy, and the noise is the same batch on both sides), and the result is the largest
+|fp8 − bf16| / bf16 of the smoothed curves from step `--window` on; issue 23 asks ≤ 1 %.
+
+Output JSON (rewritten after each run): both per-step loss curves, both smoothed curves, the largest
+relative difference and its step, tokens/s and peak memory of each run, versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from finetune_speed import git_commit, run_bounded  # beside this file: on sys.path when run as a script
+
+REPO = Path(__file__).resolve().parents[1]
+PRECISIONS = ("bf16", "fp8-base")
+TARGET = 0.01  # issue 23: within 1 % of the bf16 run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2-7b-shape")
+    parser.add_argument("--tokenizer", default="tiny")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--micro-batch", type=int, default=1, help="packs per optimizer step")
+    parser.add_argument("--records", type=int, default=2400, help="synthetic conversations (≈ 8 per pack)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="bench train's: the loss visibly moves")
+    parser.add_argument("--window", type=int, default=10, help="steps in the trailing mean")
+    parser.add_argument("--compile", action="store_true", help="compile the decoder layers")
+    parser.add_argument("--run-timeout", type=int, default=280, help="seconds one precision's run may take")
+    parser.add_argument("--output", type=Path, required=True)
+    args = parser.parse_args()
+
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="gpuval-fp8-loss-") as folder:
+        data = write_data(args, Path(folder))
+        for precision in PRECISIONS:
+            print(f"=== {precision}", flush=True)
+            runs[precision] = run_training(args, precision, data, Path(folder) / precision)
+            report = write_report(args, runs)
+            print(json.dumps({k: v for k, v in runs[precision].items() if k != "losses"}), flush=True)
+    comparison = report.get("comparison")
+    if comparison:
+        print(
+            "largest relative difference of the smoothed curves: "
+            f"{comparison['max_relative_difference']:.3%} at step {comparison['at_step']} "
+            f"(target ≤ {TARGET:.0%}): " + ("met" if comparison["within_target"] else "NOT met")
+        )
+    return 0 if comparison and all("error" not in r for r in runs.values()) else 1
+
+
+def write_data(args: argparse.Namespace, folder: Path) -> Path:
+    """Bench train's synthetic conversations (packed mode), one JSON per line, as `finetune train` reads."""
+    from gpuval.bench.train_step import TrainBenchOptions, synthetic_conversations
+
+    options = TrainBenchOptions(
+        model=args.model,
+        seq_len=args.seq_len,
+        mode="packed",
+        records=args.records,
+        steps=args.steps,
+        warmup_steps=0,
+        dtype="bfloat16",
+    )
+    path = folder / "train.jsonl"
+    lines = (json.dumps(c, ensure_ascii=False) + "\n" for c in synthetic_conversations(options))
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def train_config(args: argparse.Namespace, precision: str, data: Path, output: Path) -> dict[str, Any]:
+    """The fine-tune config of one run; only `train.precision` differs between the two."""
+    return {
+        "model": args.model,
+        "tokenizer": args.tokenizer,
+        "dtype": "bfloat16",
+        "lora": {
+            "rank": 64,
+            "alpha": 128,
+            "dropout": 0.05,
+            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+        },  # noqa: E501
+        "data": {"train": str(data), "eval": None, "max_seq_len": args.seq_len},
+        "train": {
+            "micro_batch_size": args.micro_batch,
+            "grad_accum_steps": 1,
+            "lr": args.lr,
+            "warmup_steps": 10,
+            "max_steps": args.steps,
+            "seed": 0,
+            "compile": args.compile,
+            "precision": precision,
+            "save_every_steps": 0,
+            "tensorboard": False,
+            "log_every_steps": 20,
+        },
+        "output": str(output),
+    }
+
+
+def run_training(args: argparse.Namespace, precision: str, data: Path, output: Path) -> dict[str, Any]:
+    config = output.with_suffix(".yaml")
+    config.write_text(yaml.safe_dump(train_config(args, precision, data, output)), encoding="utf-8")
+    command = [sys.executable, "-m", "gpuval", "finetune", "train", "--config", str(config)]
+    returncode, log = run_bounded(command, args.run_timeout, cwd=REPO)  # the launcher's ranks die with it
+    print(log[-4000:], flush=True)
+    tail = " | ".join(log.strip().splitlines()[-5:])
+    if returncode is None:
+        return {"error": f"timed out after {args.run_timeout} s: {tail}"}
+    summary_path = output / "train_summary.json"
+    if returncode != 0 or not summary_path.is_file():
+        return {"error": f"exit {returncode}: {tail}"}
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    steps = summary["steps"]
+    timed = steps[2:]  # the first steps warm the allocator and kernels
+    return {
+        "precision": summary["precision"],
+        "losses": [s["loss"] for s in steps],
+        "tokens_per_s_per_gpu": statistics.median(s["tokens_per_s_per_gpu"] for s in timed),
+        "peak_memory_gib": summary["peak_memory_gib"],
+        "compile": summary["compile"],
+        "fused_qkv": summary["fused_qkv"],
+        "kernels": summary["kernels"],
+        "device": summary["device"],
+    }
+
+
+def smooth(losses: list[float], window: int) -> list[float]:
+    """Trailing mean over `window` steps; the first window - 1 steps have none (fewer steps to average)."""
+    return [statistics.fmean(losses[i + 1 - window : i + 1]) for i in range(window - 1, len(losses))]
+
+
+def max_relative_difference(candidate: list[float], reference: list[float]) -> tuple[float, int]:
+    """The largest |candidate − reference| / |reference| and its index."""
+    if len(candidate) != len(reference) or not reference:
+        raise ValueError(f"curves of {len(candidate)} and {len(reference)} points")
+    differences = [abs(c - r) / abs(r) for c, r in zip(candidate, reference, strict=True)]
+    worst = max(range(len(differences)), key=differences.__getitem__)
+    return differences[worst], worst
+
+
+def compare(runs: dict[str, Any], window: int) -> dict[str, Any] | None:
+    if any("losses" not in runs.get(p, {}) for p in PRECISIONS):
+        return None
+    smoothed = {p: smooth(runs[p]["losses"], window) for p in PRECISIONS}
+    difference, index = max_relative_difference(smoothed["fp8-base"], smoothed["bf16"])
+    return {
+        "window": window,
+        "smoothed": smoothed,
+        "max_relative_difference": difference,
+        "at_step": index + window,  # step numbers start at 1; the first smoothed point is step `window`
+        "target": TARGET,
+        "within_target": difference <= TARGET,
+    }
+
+
+def write_report(args: argparse.Namespace, runs: dict[str, Any]) -> dict[str, Any]:
+    report = {
+        "schema": "gpuval.bench.fp8_loss/v1",
+        "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        **_versions(),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": runs,
+        "comparison": compare(runs, args.window),
+    }
+    args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "gpuval_commit": git_commit(),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

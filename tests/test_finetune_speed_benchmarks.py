@@ -1,0 +1,181 @@
+"""benchmarks/finetune_speed.py and benchmarks/fp8_loss.py, as far as a CPU goes: the TRL side's arguments
+(the recipe issue 23 asks for), a short TRL SFTTrainer run of the tiny model through the benchmark's own
+training function and step timer, the ratios, and the FP8 loss comparison. The GPU runs themselves are the
+device scripts' (tools/device/finetune_speed_device.sh)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # fp8_loss imports finetune_speed, as a script does
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+speed = _load("finetune_speed")
+fp8_loss = _load("fp8_loss")
+
+
+def speed_args(**overrides: object) -> argparse.Namespace:
+    settings = {
+        "model": "qwen2-7b-shape",
+        "tokenizer": "tiny",
+        "seq_len": 4096,
+        "steps": 8,
+        "warmup": 3,
+        "records": 3000,
+        "sequences_per_step": 6,
+        "trl_micro_batch": 2,
+    }
+    return argparse.Namespace(**{**settings, **overrides})
+
+
+def test_the_trl_side_is_the_recipe_issue_23_asks_for():
+    padding_free = speed.trl_config_kwargs(speed_args(), padding_free=True, output_dir="/tmp/x")
+    assert padding_free["padding_free"] is True and padding_free["use_liger_kernel"] is True
+    assert padding_free["gradient_checkpointing"] is False and padding_free["bf16"] is True
+    # the same sequences per optimizer step as the other sides: 2 x 3 = 6
+    assert padding_free["per_device_train_batch_size"] * padding_free["gradient_accumulation_steps"] == 6
+    assert padding_free["max_steps"] == 3 + 8 and padding_free["learning_rate"] == speed.LR
+    assert padding_free["max_length"] is None  # TRL refuses max_length with padding-free and no packing
+    padded = speed.trl_config_kwargs(speed_args(), padding_free=False, output_dir="/tmp/x")
+    assert padded["padding_free"] is False and padded["max_length"] == 4096
+    assert {k: v for k, v in padded.items() if k not in ("padding_free", "max_length")} == {
+        k: v for k, v in padding_free.items() if k not in ("padding_free", "max_length")
+    }
+    with pytest.raises(SystemExit, match="not a multiple of 4"):
+        speed.trl_config_kwargs(speed_args(trl_micro_batch=4), padding_free=True, output_dir="/tmp/x")
+
+
+def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
+    assert set(speed.TRL_VARIANTS) == {"trl", "trl-padded"}
+    assert {"gpuval-fp8", "gpuval-unfused"} <= set(speed.VARIANTS)
+    assert speed.VARIANTS["gpuval-fp8"] == {"precision": "fp8-base"}
+    assert speed.VARIANTS["gpuval-unfused"] == {"fuse_qkv": False}
+    assert set(speed.DEFAULT_VARIANTS) >= {"seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8"}
+    script = str(REPO / "benchmarks" / "finetune_speed.py")
+    code = (
+        "import importlib.util, sys; "
+        f"spec = importlib.util.spec_from_file_location('s', {script!r}); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "sys.exit(any(name in sys.modules for name in ('trl', 'datasets', 'transformers')))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_ratios_to_seeds_and_to_trl():
+    results = {
+        "seeds": {"tokens_per_s_per_gpu": 10.0},
+        "trl": {"tokens_per_s_per_gpu": 20.0},
+        "gpuval": {"tokens_per_s_per_gpu": 30.0},
+        "gpuval-fp8": {"error": "exit 1"},
+    }
+    assert speed.ratios_to(results, "seeds") == {"seeds": 1.0, "trl": 2.0, "gpuval": 3.0}
+    assert speed.ratios_to(results, "trl") == {"seeds": 0.5, "trl": 1.0, "gpuval": 1.5}
+    assert speed.ratios_to({"gpuval": {"tokens_per_s_per_gpu": 1.0}}, "trl") == {}
+    assert speed.BASELINES == {"ratio_to_seeds": "seeds", "ratio_to_trl": "trl"}
+
+
+@pytest.mark.slow
+def test_a_variant_past_its_time_is_killed_with_the_processes_it_started():
+    """bench train starts ranks of its own: a timed-out variant must not leave them holding the GPU."""
+    import os
+    import time
+
+    spawn = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(child.pid, flush=True); time.sleep(60)"
+    )
+    started = time.monotonic()
+    returncode, output = speed.run_bounded([sys.executable, "-c", spawn], timeout_s=2)
+    assert returncode is None and time.monotonic() - started < 30
+    grandchild = int(output.split()[0])
+    for _ in range(50):  # reaped by init once killed
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"process {grandchild} outlived the timeout")
+    assert speed.run_bounded([sys.executable, "-c", "print('RESULT {}')"], timeout_s=30) == (0, "RESULT {}\n")
+
+
+@pytest.mark.slow
+def test_trl_trains_the_tiny_model_through_the_benchmarks_own_function(tmp_path):
+    """TRL's SFTTrainer on a CPU, through `train_trl` and its step timer: the pre-tokenized rows (ids and
+    labels with -100) are taken as they are, every optimizer step is timed and logs a loss."""
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    import torch
+
+    from gpuval.finetune.model import load_model, load_tokenizer
+
+    args = speed_args(model="tiny", seq_len=128, steps=2, warmup=1, records=40, sequences_per_step=4)
+    tokenizer = load_tokenizer("tiny")
+    ids, labels = speed.same_sequences(args, tokenizer)
+    assert len(ids) == 4 and all(len(row) == 128 for row in ids)
+    assert all(any(label != -100 for label in row) for row in labels)
+    model = load_model("tiny", torch.float32)
+    config = speed.trl_config_kwargs(args, padding_free=True, output_dir=str(tmp_path), on_gpu=False)
+    run = speed.train_trl(model, tokenizer, {"input_ids": ids, "labels": labels}, config, on_gpu=False)
+    assert len(run["times"]) == 3 and all(t > 0 for t in run["times"])  # warm-up + timed steps
+    assert len(run["losses"]) == 3 and all(loss > 0 for loss in run["losses"])
+    lora_per_layer = 64 * (192 + 192) + 64 * (192 + 96) * 2 + 64 * (192 + 192)  # r64 on q, k, v, o
+    assert run["trainable_params"] == 6 * lora_per_layer
+
+
+def test_fp8_loss_smoothing_and_the_largest_relative_difference():
+    assert fp8_loss.smooth([1.0, 2.0, 3.0, 4.0, 5.0], 2) == [1.5, 2.5, 3.5, 4.5]
+    assert fp8_loss.max_relative_difference([1.0, 2.02, 2.9], [1.0, 2.0, 3.0]) == (pytest.approx(1 / 30), 2)
+    runs = {"bf16": {"losses": [4.0] * 12}, "fp8-base": {"losses": [4.0] * 11 + [4.36]}}
+    comparison = fp8_loss.compare(runs, window=10)
+    # the last step's 9 % jump, averaged over 10 steps: 0.9 % at step 12 (the third smoothed point)
+    assert comparison["max_relative_difference"] == pytest.approx(0.009)
+    assert comparison["at_step"] == 12 and comparison["within_target"] is True
+    runs["fp8-base"]["losses"][-1] = 4.44  # 1.1 %: over issue 23's 1 %
+    assert fp8_loss.compare(runs, window=10)["within_target"] is False
+    assert fp8_loss.compare({"bf16": runs["bf16"], "fp8-base": {"error": "timed out"}}, window=10) is None
+
+
+def test_fp8_loss_runs_differ_in_precision_only_and_are_valid_configs(tmp_path):
+    pytest.importorskip("pydantic")
+    from gpuval.finetune.config import finetune_config_from_dict
+
+    args = argparse.Namespace(
+        model="qwen2-7b-shape",
+        tokenizer="tiny",
+        seq_len=4096,
+        steps=200,
+        micro_batch=1,
+        lr=1e-4,
+        compile=False,
+    )
+    configs = {
+        p: fp8_loss.train_config(args, p, tmp_path / "train.jsonl", tmp_path / p) for p in fp8_loss.PRECISIONS
+    }
+    bf16, fp8 = configs["bf16"], configs["fp8-base"]
+    assert bf16["train"].pop("precision") == "bf16" and fp8["train"].pop("precision") == "fp8-base"
+    assert {**bf16, "output": None} == {**fp8, "output": None}
+    assert bf16["train"]["max_steps"] >= 200 and bf16["lora"]["dropout"] == 0.05
+    for precision, config in configs.items():
+        config["train"]["precision"] = precision
+        assert finetune_config_from_dict(config).train.precision == precision
