@@ -275,3 +275,12 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
     assert all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in summary["steps"])
     loaded = PeftModel.from_pretrained(load_model("tiny", torch.bfloat16), summary["adapter"])
     assert any("lora_A" in name for name, _ in loaded.named_parameters())
+
+
+def test_quantised_values_are_row_major_whatever_the_input_layout():
+    """`_scaled_mm` takes its first operand row-major: a transposed gradient must not reach it as is."""
+    transposed = torch.randn(48, 32).t()  # (32, 48), column-major
+    values, scales = quantize_rows(transposed)
+    assert values.is_contiguous() and values.shape == (32, 48) and scales.shape == (32, 1)
+    reference, _ = quantize_rows(transposed.contiguous())
+    assert torch.equal(values.float(), reference.float())

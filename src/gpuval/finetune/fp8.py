@@ -83,10 +83,12 @@ def resolve_precision(
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """e4m3 values of a 2-D tensor and their float32 scales, one per row (shape `(rows, 1)`):
     `matrix ≈ values.float() * scales`. The cast to e4m3 does not saturate (out of range is NaN), so the
-    scaled values are clamped to ±448 first: amax / (amax / 448) can round to just above 448."""
+    scaled values are clamped to ±448 first: amax / (amax / 448) can round to just above 448. The values
+    are row-major whatever the input's layout (a transposed gradient, say): `_scaled_mm` takes its first
+    operand so."""
     amax = matrix.abs().amax(dim=-1, keepdim=True).float()
     scales = amax.clamp(min=AMAX_FLOOR) / FP8_MAX
-    values = (matrix.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    values = (matrix.float() / scales).clamp(-FP8_MAX, FP8_MAX).to(FP8).contiguous()
     return values, scales
 
 
@@ -159,9 +161,9 @@ class Fp8Linear(torch.nn.Module):
     def from_linear(cls, linear: torch.nn.Linear) -> Fp8Linear:
         weight = linear.weight.detach()
         values, scales = quantize_rows(weight)  # one scale per output channel
-        values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel
+        values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel, row-major (in, out)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        return cls(values, scales.reshape(1, -1), values_t.contiguous(), scales_t.reshape(1, -1), bias)
+        return cls(values, scales.reshape(1, -1), values_t, scales_t.reshape(1, -1), bias)
 
     @property
     def in_features(self) -> int:
