@@ -3,11 +3,12 @@ DCGM-exporter's default counters, units checked by hand, a value NVML does not g
 GPU's NVML errors kept from the others, and the XID event thread.
 
 Data: what the real recordings hold (tests/data/nvml/h100x1.json, h200x2.json: memory clock, energy, PCIe
-replays, remapped rows, driver version) is replayed as recorded. The calls no recording holds yet (memory
-temperature, encoder/decoder, GPM, XID events) are answered from tests/data/nvml/synthetic-exporter.json,
-hand-made and saying so in its `_source`, whose round numbers make the conversions checkable by hand. Once
-tools/device/exporter_device.sh has recorded an H100 under load, the last test replays that recording and
-compares it with the scrape made beside it.
+replays, remapped rows, driver version) is replayed as recorded. Faults and hand-checkable units (memory
+temperature, encoder/decoder, GPM, XID events, a failing call) are answered from
+tests/data/nvml/synthetic-exporter.json, hand-made and saying so in its `_source`, whose round numbers make
+the conversions checkable by hand. The last test replays the H100 recording tools/device/exporter_device.sh
+made under a bf16 load (h100x1-load.json) and compares it with the scrape the exporter served beside it
+(tests/data/exporter/h100x1-load-metrics.txt).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def test_help_type_and_labels_are_dcgm_exporters_and_counters_keep_their_bare_na
         assert line.startswith("# ") or re.fullmatch(r"[A-Za-z_:][\w:]*(\{[^{}]*\})? [-+0-9.e]+", line), line
 
 
-# --- units of the answers no recording holds yet (synthetic-exporter.json, hand-made) -----------------------
+# --- units by hand, from round numbers (synthetic-exporter.json, hand-made) ---------------------------------
 
 
 def test_synthetic_answers_in_dcgm_units_by_hand(root):
