@@ -12,6 +12,7 @@ import torch  # noqa: E402
 from test_finetune_train import runtime  # noqa: E402, F401
 
 from gpuval.finetune.batches import data_order, step_batches_for, to_device  # noqa: E402
+from gpuval.finetune.kernels import label_rows  # noqa: E402
 from gpuval.finetune.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 
@@ -67,6 +68,11 @@ def test_a_steps_batches_depend_on_the_step_alone(runtime):  # noqa: F811
     expected = [
         collate([packs[i] for i in step.pack_indices[j : j + 2]], 0, 24, with_mask=False) for j in (0, 2)
     ]
+    for batch, reference in zip(step.batches, expected, strict=True):  # the loss's rows of each micro-batch
+        flat = reference["labels"].reshape(1, -1)  # varlen: the micro-batch is one row
+        rows, targets = label_rows(flat)
+        assert torch.equal(batch["loss_rows"], rows) and torch.equal(batch["loss_targets"], targets)
+        assert torch.equal(flat.flatten()[rows + 1], targets) and "labels" not in batch
     labels = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in expected)
     tokens = sum(len(packs[i]) for i in step.pack_indices)
     assert step.counts.dtype == torch.float64 and step.counts.tolist() == [labels, tokens]

@@ -17,6 +17,7 @@ from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.kernels import (  # noqa: E402
     LossHead,
     flatten_for_varlen,
+    label_rows,
     resolve_attention,
     resolve_kernels,
     resolve_row_kernel,
@@ -41,6 +42,46 @@ def _packs(vocab: int, rows: tuple[tuple[int, ...], ...] = ((37, 5, 60), (50, 21
     return packs
 
 
+def test_label_rows_are_the_positions_whose_next_token_is_a_target_by_hand():
+    I = IGNORE_INDEX  # noqa: E741
+    labels = torch.tensor([[I, I, 7, 8, I], [9, I, I, I, 4]])  # row 1's first label is never a target
+    rows, targets = label_rows(labels)
+    # row 0: positions 1, 2 predict 7, 8; row 1 (offset 5): position 3 predicts 4
+    assert rows.tolist() == [1, 2, 5 + 3] and targets.tolist() == [7, 8, 4]
+    none_rows, none_targets = label_rows(torch.full((2, 4), I))
+    assert none_rows.numel() == 0 and none_targets.numel() == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 40), (1, 120)])  # rows of a micro-batch; one varlen row
+def test_the_labelled_rows_loss_equals_cross_entropy_over_every_position_in_value_and_gradient(shape):
+    """Reference: F.cross_entropy over every shifted position with ignore_index, as transformers' loss does;
+    the head sees only the labelled rows and must give the same sum and the same gradient."""
+    generator = torch.Generator().manual_seed(11)
+    vocab = 50
+    labels = torch.randint(0, vocab, shape, generator=generator)
+    labels[torch.rand(shape, generator=generator) < 0.5] = IGNORE_INDEX
+    logits = torch.randn(*shape, vocab, generator=generator, dtype=torch.float64, requires_grad=True)
+    reference = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, vocab),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    (expected_grad,) = torch.autograd.grad(reference, logits)
+    loss = LossHead.plain()(logits, *label_rows(labels))
+    (grad,) = torch.autograd.grad(loss, logits)
+    torch.testing.assert_close(loss, reference.to(loss.dtype))
+    torch.testing.assert_close(grad, expected_grad)
+    assert int((grad.abs().sum(-1) > 0).sum()) == int((labels[:, 1:] != IGNORE_INDEX).sum())  # rows read
+
+
+def test_a_micro_batch_without_targets_gives_a_zero_loss_that_still_backpropagates():
+    logits = torch.randn(2, 6, 9, requires_grad=True)
+    loss = LossHead.plain()(logits, *label_rows(torch.full((2, 6), IGNORE_INDEX)))
+    loss.backward()
+    assert float(loss) == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+
+
 def test_varlen_attention_equals_the_masked_sdpa_path_in_loss_and_gradients():
     packs = _packs(3000)
     results = []
@@ -53,7 +94,7 @@ def test_varlen_attention_equals_the_masked_sdpa_path_in_loss_and_gradients():
         else:
             batch = collate(packs, 0, 128)
         labels = batch.pop("labels")
-        loss = LossHead.plain()(model(**batch).logits, labels)
+        loss = LossHead.plain()(model(**batch).logits, *label_rows(labels))
         loss.backward()
         grad = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
         results.append((loss.detach(), grad, int((labels[:, 1:] != IGNORE_INDEX).sum())))
@@ -101,7 +142,7 @@ def test_whole_document_rows_skip_varlen_and_give_the_flattened_loss_and_gradien
         use_varlen_attention(model, "cudnn")  # on a CPU: whole rows through plain causal SDPA
         batch = dict(batch)
         labels = batch.pop("labels")
-        loss = LossHead.plain()(model(**batch).logits, labels)
+        loss = LossHead.plain()(model(**batch).logits, *label_rows(labels))
         loss.backward()
         results.append((loss.detach(), model.model.layers[0].self_attn.k_proj.weight.grad.clone()))
     (loss_flat, grad_flat), (loss_rows, grad_rows) = results

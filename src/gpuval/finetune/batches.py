@@ -1,10 +1,10 @@
 """Which packs each optimizer step trains on, per rank, collated and copied to the device.
 
 The data order depends only on the seed and the step (`data_order`), which is also all that resuming needs.
-`step_batches(step)` gives one rank's micro-batches of a step, already on their way to the device, and the
-step's loss denominator summed over the ranks as a device tensor: the loop prepares step k+1 while the GPU
-still runs step k (trainer.py), and divides each micro-batch's loss by that tensor, so no micro-batch
-waits for the host.
+`step_batches(step)` gives one rank's micro-batches of a step, already on their way to the device (the
+labels as the rows the loss reads and their targets: kernels.label_rows), and the step's loss denominator
+summed over the ranks as a device tensor: the loop prepares step k+1 while the GPU still runs step k
+(trainer.py), and divides each micro-batch's loss by that tensor, so no micro-batch waits for the host.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuval.finetune.kernels import flatten_for_varlen
+from gpuval.finetune.kernels import flatten_for_varlen, label_rows
 from gpuval.finetune.packing import Pack, collate
 from gpuval.finetune.template import IGNORE_INDEX
 
@@ -93,6 +93,9 @@ def step_batches_for(
         labels = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
         counts = to_device(torch.tensor([labels, sum(map(len, mine))], dtype=torch.float64), device)
         dist.all_reduce(counts)  # NCCL reduces GPU tensors only; asynchronous there
+        # The loss reads its labelled rows and their targets (kernels.label_rows), found here on the host.
+        for b in batches:
+            b["loss_rows"], b["loss_targets"] = label_rows(b.pop("labels"))
         on_device = [
             {key: to_device(value, device) for key, value in b.items() if key != "segments"} for b in batches
         ]

@@ -230,13 +230,13 @@ def train(
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for index, batch in enumerate(current.batches):
             batch = dict(batch)
-            labels = batch.pop("labels")
+            rows, targets = batch.pop("loss_rows"), batch.pop("loss_targets")
             # Gradients are reduced across ranks only on the last micro-batch of the step.
             with parallel.accumulating(last=index == len(current.batches) - 1):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
                     # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
                     model_out = parallel.module(**batch).logits
-                    token_losses_sum = loss_head(model_out, labels)
+                    token_losses_sum = loss_head(model_out, rows, targets)
                 # × world: the gradient reduction divides the summed gradients by the world size.
                 parallel.backward(token_losses_sum * world / label_tokens_on_device)
             loss_sum += token_losses_sum.detach().double()
