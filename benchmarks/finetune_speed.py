@@ -76,6 +76,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
+    "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
 }
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")

@@ -2,7 +2,8 @@
 
     python benchmarks/fp8_loss.py --output fp8-loss.json      # on a Hopper GPU (H100, H200)
 
-Each precision trains in its own process with `gpuval finetune train` (the product's trainer) on the
+Each run (RUNS: bf16, fp8-base, and fp8-base-fast with Hopper's fast forward accumulation) trains in its
+own process with `gpuval finetune train` (the product's trainer) on the
 Qwen2-7B shape with random weights (the tiny tokenizer's ids), LoRA r64/alpha 128/dropout 0.05 on q/k/v/o,
 on bench train's synthetic conversations packed to `--seq-len` tokens: the same file, seed, data order,
 LoRA init and dropout draws on both sides, `--steps` optimizer steps of `--micro-batch` packs. Layers run
@@ -12,7 +13,7 @@ steps do.
 
 The comparison: each curve is smoothed by a trailing mean over `--window` steps (the per-step loss of one
 batch is noisy, and the noise is the same batch on both sides), and the result is the largest
-|fp8 − bf16| / bf16 of the smoothed curves from step `--window` on; issue 23 asks ≤ 1 %.
+|run − bf16| / bf16 of the smoothed curves from step `--window` on, for each run; issue 23 asks ≤ 1 %.
 
 Output JSON (rewritten after each run): both per-step loss curves, both smoothed curves, the largest
 relative difference and its step, tokens/s and peak memory of each run, versions.
@@ -34,7 +35,14 @@ import yaml
 from finetune_speed import git_commit, run_bounded  # beside this file: on sys.path when run as a script
 
 REPO = Path(__file__).resolve().parents[1]
-PRECISIONS = ("bf16", "fp8-base")
+# Each run: its train settings on top of train_config's. bf16 is the reference every other run is compared
+# with; fp8-base-fast adds Hopper's fast accumulation to the forward products (fp8.py).
+RUNS: dict[str, dict[str, Any]] = {
+    "bf16": {"precision": "bf16"},
+    "fp8-base": {"precision": "fp8-base"},
+    "fp8-base-fast": {"precision": "fp8-base", "fp8_fast_accum": True},
+}
+REFERENCE = "bf16"
 TARGET = 0.01  # issue 23: within 1 % of the bf16 run
 
 
@@ -50,25 +58,29 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=10, help="steps in the trailing mean")
     parser.add_argument("--compile", action="store_true", help="compile the decoder layers")
     parser.add_argument("--run-timeout", type=int, default=280, help="seconds one precision's run may take")
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"of {', '.join(RUNS)}; bf16 first")
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
+    names = args.runs.split(",")
+    if names[0] != REFERENCE or any(name not in RUNS for name in names):
+        raise SystemExit(f"--runs {args.runs}: {REFERENCE} first, then any of {', '.join(RUNS)}")
 
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpuval-fp8-loss-") as folder:
         data = write_data(args, Path(folder))
-        for precision in PRECISIONS:
-            print(f"=== {precision}", flush=True)
-            runs[precision] = run_training(args, precision, data, Path(folder) / precision)
+        for name in names:
+            print(f"=== {name}", flush=True)
+            runs[name] = run_training(args, name, data, Path(folder) / name)
             report = write_report(args, runs)
-            print(json.dumps({k: v for k, v in runs[precision].items() if k != "losses"}), flush=True)
-    comparison = report.get("comparison")
-    if comparison:
+            print(json.dumps({k: v for k, v in runs[name].items() if k != "losses"}), flush=True)
+    for name, comparison in report["comparison"].items():
         print(
-            "largest relative difference of the smoothed curves: "
+            f"{name}: largest relative difference of the smoothed curves from bf16's: "
             f"{comparison['max_relative_difference']:.3%} at step {comparison['at_step']} "
             f"(target ≤ {TARGET:.0%}): " + ("met" if comparison["within_target"] else "NOT met")
         )
-    return 0 if comparison and all("error" not in r for r in runs.values()) else 1
+    compared = len(report["comparison"]) == len(names) - 1
+    return 0 if compared and all("error" not in r for r in runs.values()) else 1
 
 
 def write_data(args: argparse.Namespace, folder: Path) -> Path:
@@ -90,8 +102,8 @@ def write_data(args: argparse.Namespace, folder: Path) -> Path:
     return path
 
 
-def train_config(args: argparse.Namespace, precision: str, data: Path, output: Path) -> dict[str, Any]:
-    """The fine-tune config of one run; only `train.precision` differs between the two."""
+def train_config(args: argparse.Namespace, name: str, data: Path, output: Path) -> dict[str, Any]:
+    """The fine-tune config of run `name`; only its RUNS settings differ between runs."""
     return {
         "model": args.model,
         "tokenizer": args.tokenizer,
@@ -111,7 +123,7 @@ def train_config(args: argparse.Namespace, precision: str, data: Path, output: P
             "max_steps": args.steps,
             "seed": 0,
             "compile": args.compile,
-            "precision": precision,
+            **RUNS[name],
             "save_every_steps": 0,
             "tensorboard": False,
             "log_every_steps": 20,
@@ -120,9 +132,9 @@ def train_config(args: argparse.Namespace, precision: str, data: Path, output: P
     }
 
 
-def run_training(args: argparse.Namespace, precision: str, data: Path, output: Path) -> dict[str, Any]:
+def run_training(args: argparse.Namespace, name: str, data: Path, output: Path) -> dict[str, Any]:
     config = output.with_suffix(".yaml")
-    config.write_text(yaml.safe_dump(train_config(args, precision, data, output)), encoding="utf-8")
+    config.write_text(yaml.safe_dump(train_config(args, name, data, output)), encoding="utf-8")
     command = [sys.executable, "-m", "gpuval", "finetune", "train", "--config", str(config)]
     returncode, log = run_bounded(command, args.run_timeout, cwd=REPO)  # the launcher's ranks die with it
     print(log[-4000:], flush=True)
@@ -137,6 +149,7 @@ def run_training(args: argparse.Namespace, precision: str, data: Path, output: P
     timed = steps[2:]  # the first steps warm the allocator and kernels
     return {
         "precision": summary["precision"],
+        "settings": RUNS[name],
         "losses": [s["loss"] for s in steps],
         "tokens_per_s_per_gpu": statistics.median(s["tokens_per_s_per_gpu"] for s in timed),
         "peak_memory_gib": summary["peak_memory_gib"],
@@ -161,24 +174,32 @@ def max_relative_difference(candidate: list[float], reference: list[float]) -> t
     return differences[worst], worst
 
 
-def compare(runs: dict[str, Any], window: int) -> dict[str, Any] | None:
-    if any("losses" not in runs.get(p, {}) for p in PRECISIONS):
-        return None
-    smoothed = {p: smooth(runs[p]["losses"], window) for p in PRECISIONS}
-    difference, index = max_relative_difference(smoothed["fp8-base"], smoothed["bf16"])
-    return {
-        "window": window,
-        "smoothed": smoothed,
-        "max_relative_difference": difference,
-        "at_step": index + window,  # step numbers start at 1; the first smoothed point is step `window`
-        "target": TARGET,
-        "within_target": difference <= TARGET,
-    }
+def compare(runs: dict[str, Any], window: int) -> dict[str, Any]:
+    """Each finished run against the finished bf16 run: both smoothed curves and their largest relative
+    difference. A run that failed, or any run while bf16 has not finished, gets no entry."""
+    if "losses" not in runs.get(REFERENCE, {}):
+        return {}
+    reference = smooth(runs[REFERENCE]["losses"], window)
+    comparisons = {}
+    for name, run in runs.items():
+        if name == REFERENCE or "losses" not in run:
+            continue
+        smoothed = smooth(run["losses"], window)
+        difference, index = max_relative_difference(smoothed, reference)
+        comparisons[name] = {
+            "window": window,
+            "smoothed": {REFERENCE: reference, name: smoothed},
+            "max_relative_difference": difference,
+            "at_step": index + window,  # step numbers start at 1; the first smoothed point is step `window`
+            "target": TARGET,
+            "within_target": difference <= TARGET,
+        }
+    return comparisons
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, Any]) -> dict[str, Any]:
     report = {
-        "schema": "gpuval.bench.fp8_loss/v1",
+        "schema": "gpuval.bench.fp8_loss/v2",
         "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),

@@ -143,7 +143,9 @@ def test_the_frozen_weight_gets_no_gradient_and_the_input_one_only_when_asked():
     # backward product for x is skipped (needs_input_grad) and x gets none.
     scale = fp8.weight_scale.clone().requires_grad_()
     plain_x = torch.randn(4, 64)
-    out = _Fp8LinearFunction.apply(plain_x, fp8.weight_fp8, scale, fp8.weight_t_fp8, fp8.weight_t_scale, None)
+    out = _Fp8LinearFunction.apply(
+        plain_x, fp8.weight_fp8, scale, fp8.weight_t_fp8, fp8.weight_t_scale, None, False
+    )
     out.float().sum().backward()
     assert plain_x.grad is None and scale.grad is None
 
@@ -203,6 +205,25 @@ def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameter
     assert with_grad == set(trainable_before) and all("lora_" in n for n in with_grad)
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_keep_it(fast, monkeypatch):
+    """`train.fp8_fast_accum` sets use_fast_accum of the forward product; the backward's is always off.
+    The real _scaled_mm runs (CPU), wrapped to record what each call asked for."""
+    real, asked = torch._scaled_mm, []
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["use_fast_accum"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recording)
+    fp8 = Fp8Linear.from_linear(_layer(), fast_accum=fast)
+    part = fp8.rows(8, 24)  # a fused q/k/v part: a view of the concatenated layer
+    assert part.fast_accum is fast and ("fast" in repr(part)) is fast
+    x = torch.randn(4, 64, requires_grad=True)
+    part(x).float().sum().backward()
+    assert asked == [fast, False]
+
+
 def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it():
     from gpuval.finetune.fused_qkv import fuse_qkv
     from gpuval.finetune.parallel import decoder_layers
@@ -260,8 +281,9 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
     converted: list[int] = []
     convert = trainer.convert_frozen_linears
 
-    def counting(layers):
-        converted.append(convert(layers))
+    def counting(layers, fast_accum):
+        assert fast_accum is False  # the default: exact accumulation
+        converted.append(convert(layers, fast_accum))
         return converted[-1]
 
     monkeypatch.setattr(trainer, "resolve_precision", lambda setting, *_args: setting)

@@ -76,6 +76,9 @@ class TrainBenchOptions(BaseModel):
     precision: Literal["bf16", "fp8-base"] = Field(
         "bf16", description="frozen base products in bf16, or FP8 with row-wise scales (Hopper; finetune)"
     )
+    fp8_fast_accum: bool = Field(
+        False, description="fp8-base: fast FP8 accumulation in the forward (finetune)"
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
     )
@@ -193,6 +196,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "kernels": options.kernels,
                     "compile": options.compile,
                     "precision": options.precision,
+                    "fp8_fast_accum": options.fp8_fast_accum,
                     "fuse_qkv": options.fuse_qkv,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,

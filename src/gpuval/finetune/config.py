@@ -131,6 +131,11 @@ class TrainSettings(_Strict):
         description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
         "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
     )
+    fp8_fast_accum: bool = Field(
+        False,
+        description="fp8-base: Hopper's fast FP8 accumulation in the forward products (torchao's default; "
+        "faster, less exact: benchmarks/NOTES.md); the backward never uses it",
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "

@@ -39,9 +39,10 @@ MIN_CAPABILITY = (9, 0)  # Hopper: row-wise scaled FP8 products (torch._scaled_m
 AMAX_FLOOR = 1e-12  # an all-zero row keeps a finite scale (its values quantise to 0)
 # _scaled_mm needs both dimensions of the weight to be multiples of 16; other linears stay in bf16.
 ALIGNMENT = 16
-# Fast accumulation for the forward product only, as torchao's Float8LinearConfig defaults
-# (gemm_config_output fast, gemm_config_grad_input not).
-FAST_ACCUM_FORWARD = True
+# The backward product never uses Hopper's fast FP8 accumulation; the forward product does only when
+# `train.fp8_fast_accum` asks (torchao's Float8LinearConfig turns it on for the forward by default). Without
+# it cuBLAS adds the tensor cores' partial sums into float32 at intervals instead of keeping one reduced-
+# precision sum over the whole inner dimension (3,584 to 18,944 here).
 FAST_ACCUM_BACKWARD = False
 
 
@@ -104,6 +105,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
         weight_t: torch.Tensor,  # (in, out) e4m3, contiguous: the backward product's operand
         weight_t_scale: torch.Tensor,  # (1, in) float32
         bias: torch.Tensor | None,  # (out,) bf16
+        fast_accum: bool,  # the forward product's use_fast_accum
     ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         x_fp8, x_scale = quantize_rows(rows)
@@ -114,7 +116,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             scale_b=weight_scale,
             bias=bias,
             out_dtype=torch.bfloat16,
-            use_fast_accum=FAST_ACCUM_FORWARD,
+            use_fast_accum=fast_accum,
         )
         ctx.save_for_backward(weight_t, weight_t_scale)
         ctx.input_dtype = x.dtype  # type: ignore[attr-defined]
@@ -123,7 +125,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple:  # type: ignore[override]
         if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         weight_t, weight_t_scale = ctx.saved_tensors  # type: ignore[attr-defined]
         grad_fp8, grad_scale = quantize_rows(grad_out.reshape(-1, grad_out.shape[-1]))
         grad_x = torch._scaled_mm(
@@ -135,7 +137,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             use_fast_accum=FAST_ACCUM_BACKWARD,
         )
         grad_x = grad_x.reshape(*grad_out.shape[:-1], grad_x.shape[-1]).to(ctx.input_dtype)  # type: ignore[attr-defined]
-        return grad_x, None, None, None, None, None
+        return grad_x, None, None, None, None, None, None
 
 
 class Fp8Linear(torch.nn.Module):
@@ -148,6 +150,7 @@ class Fp8Linear(torch.nn.Module):
         weight_t: torch.Tensor,
         weight_t_scale: torch.Tensor,
         bias: torch.Tensor | None,
+        fast_accum: bool = False,
     ) -> None:
         super().__init__()
         # Plain attributes, not parameters or buffers (module docstring).
@@ -156,14 +159,15 @@ class Fp8Linear(torch.nn.Module):
         self.weight_t_fp8 = weight_t
         self.weight_t_scale = weight_t_scale
         self.bias_bf16 = bias
+        self.fast_accum = fast_accum
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear) -> Fp8Linear:
+    def from_linear(cls, linear: torch.nn.Linear, fast_accum: bool = False) -> Fp8Linear:
         weight = linear.weight.detach()
         values, scales = quantize_rows(weight)  # one scale per output channel
         values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel, row-major (in, out)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        return cls(values, scales.reshape(1, -1), values_t, scales_t.reshape(1, -1), bias)
+        return cls(values, scales.reshape(1, -1), values_t, scales_t.reshape(1, -1), bias, fast_accum)
 
     @property
     def in_features(self) -> int:
@@ -184,22 +188,30 @@ class Fp8Linear(torch.nn.Module):
             self.weight_t_fp8[:, start:end],
             self.weight_t_scale,
             bias,
+            self.fast_accum,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _Fp8LinearFunction.apply(
-            x, self.weight_fp8, self.weight_scale, self.weight_t_fp8, self.weight_t_scale, self.bias_bf16
+            x,
+            self.weight_fp8,
+            self.weight_scale,
+            self.weight_t_fp8,
+            self.weight_t_scale,
+            self.bias_bf16,
+            self.fast_accum,
         )
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3 row-wise"
+        fast = ", fast forward accumulation" if self.fast_accum else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3 row-wise{fast}"
 
 
 def fits_fp8(linear: torch.nn.Linear) -> bool:
     return linear.in_features % ALIGNMENT == 0 and linear.out_features % ALIGNMENT == 0
 
 
-def convert_frozen_linears(layers: Iterable[torch.nn.Module]) -> int:
+def convert_frozen_linears(layers: Iterable[torch.nn.Module], fast_accum: bool = False) -> int:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers) by an `Fp8Linear`; trainable
     linears (LoRA's A and B) and layers already converted are left alone. Returns how many were replaced."""
     targets = [
@@ -210,5 +222,5 @@ def convert_frozen_linears(layers: Iterable[torch.nn.Module]) -> int:
         if type(child) is torch.nn.Linear and not child.weight.requires_grad and fits_fp8(child)
     ]
     for parent, name, child in targets:
-        setattr(parent, name, Fp8Linear.from_linear(child))
+        setattr(parent, name, Fp8Linear.from_linear(child, fast_accum))
     return len(targets)

@@ -115,9 +115,10 @@ class FusedQKV:
         )
 
 
-def fuse_qkv(model: torch.nn.Module, fp8: bool = False) -> int:
+def fuse_qkv(model: torch.nn.Module, fp8: bool = False, fast_accum: bool = False) -> int:
     """Fuse q/k/v in every attention layer of a PEFT model whose three projections carry one plain LoRA
-    adapter each (see `fusable`); `fp8`: the concatenated base weight runs in FP8 (fp8.Fp8Linear). Call it
+    adapter each (see `fusable`); `fp8`: the concatenated base weight runs in FP8 (fp8.Fp8Linear, with
+    `fast_accum` for its forward product). Call it
     after the model is on its device and before compiling. Returns how many attention layers were fused."""
     count = 0
     for attention in list(model.modules()):
@@ -127,7 +128,7 @@ def fuse_qkv(model: torch.nn.Module, fp8: bool = False) -> int:
             continue
         base = _concatenate(parts)
         if fp8 and fits_fp8(base):
-            base = Fp8Linear.from_linear(base)
+            base = Fp8Linear.from_linear(base, fast_accum)
         fused = FusedQKV(parts, adapter, base)
         start = 0
         for part, width in zip(parts, fused.widths, strict=True):
