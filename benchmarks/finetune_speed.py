@@ -60,6 +60,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # `gpuval bench train`'s GPU defaults: micro-batch 3, compiled layers, varlen attention (cuDNN's
     # causal kernel for whole-document rows on Hopper), fused loss
     "gpuval": {},
+    # the same step again, for `--profile gpuval-again`: the profiled steps stay out of gpuval's own timing
+    "gpuval-again": {},
     "gpuval-no-compile": {"compile": False},  # kernels auto: all of Liger's
     "gpuval-mb1": {"micro_batch_size": 1},
     "gpuval-mb2": {"micro_batch_size": 2},
