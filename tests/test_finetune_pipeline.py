@@ -107,6 +107,7 @@ def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gp
         "data.max_seq_len=512",
         "eval.max_examples=3",
         "eval.max_new_tokens=8",
+        "eval.base_max_examples=2",  # the base on the first two examples of each split only
     ]
     args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
     for assignment in sets:
@@ -124,9 +125,16 @@ def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gp
     for variants in document["splits"].values():
         assert set(variants) == {"tuned", "base"}
         assert 0 < variants["tuned"]["examples"] <= 3
+        assert variants["base"]["examples"] == min(2, variants["tuned"]["examples"])
         assert 0.0 <= variants["tuned"]["exact_call_accuracy"] <= 1.0
-    lines = (run / "eval_predictions.jsonl").read_text(encoding="utf-8").splitlines()
-    assert len(lines) == 2 * sum(v["tuned"]["examples"] for v in document["splits"].values())
+    lines = [
+        json.loads(line) for line in (run / "eval_predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    examples = {(v, s): d[v]["examples"] for s, d in document["splits"].items() for v in ("tuned", "base")}
+    assert len(lines) == sum(examples.values())
+    assert {(line["model"], line["split"], line["index"]) for line in lines} == {
+        (v, s, i) for (v, s), n in examples.items() for i in range(n)
+    }
     assert "exact = exact_call_accuracy" in result.stdout and "holdout_values" in result.stdout
     assert all(len(line) <= 80 for line in result.stdout.splitlines() if "│" in line)  # fits CI logs
     # progress per split and model on stderr; the libraries' warnings in the run's log file, not there

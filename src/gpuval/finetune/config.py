@@ -82,6 +82,13 @@ class EvalSettings(_Strict):
     max_new_tokens: StrictInt = Field(256, ge=1, description="generation length limit")
     max_examples: StrictInt | None = Field(200, ge=1, description="first N examples of each split")
     base_model: bool = Field(True, description="also score the base model (adapter off)")
+    base_max_examples: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="the base model on the first N examples of each split only (null: as many as the tuned "
+        "one); the base is the reference the tuned score is read against, and its generations are the "
+        "slowest (it seldom stops before max_new_tokens)",
+    )
 
 
 class TrainSettings(_Strict):

@@ -147,10 +147,12 @@ def evaluate(
     batch_size: int = 16,
     max_new_tokens: int = 256,
     base_too: bool = True,
+    base_max_examples: int | None = None,
     log: Any = print,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Score the tuned model (and the base under it, when `base_too` and it has an adapter) on each split.
+    """Score the tuned model (and the base under it, when `base_too` and it has an adapter) on each split;
+    the base on the first `base_max_examples` examples of each split when set.
 
     Returns `{"splits": {name: {"tuned": metrics, "base": metrics}}, "predictions": {...}}`.
     """
@@ -170,6 +172,8 @@ def evaluate(
                 model.merge_adapter()
             try:
                 for name, records in splits.items():
+                    if variant == "base" and base_max_examples is not None:
+                        records = records[:base_max_examples]
                     started = time.perf_counter()
                     context = model.disable_adapter() if variant == "base" else nullcontext()
                     task = progress.add_task(f"eval {name} ({variant})", total=None) if progress else None

@@ -135,6 +135,7 @@ def run_eval(cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = Non
         batch_size=cfg.eval.batch_size,
         max_new_tokens=cfg.eval.max_new_tokens,
         base_too=cfg.eval.base_model,
+        base_max_examples=cfg.eval.base_max_examples,
         log=log,
     )
     if not runtime.is_main:
@@ -154,7 +155,8 @@ def run_eval(cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = Non
     lines = []
     for key, texts in predictions.items():
         variant, split = key.split("/", 1)
-        for index, (record, text) in enumerate(zip(records[split], texts, strict=True)):
+        # the base may have scored the first examples only (eval.base_max_examples)
+        for index, (record, text) in enumerate(zip(records[split][: len(texts)], texts, strict=True)):
             lines.append(
                 json.dumps(
                     {
