@@ -75,6 +75,28 @@ def test_the_labelled_rows_loss_equals_cross_entropy_over_every_position_in_valu
     assert int((grad.abs().sum(-1) > 0).sum()) == int((labels[:, 1:] != IGNORE_INDEX).sum())  # rows read
 
 
+def test_logits_kept_for_labelled_rows_give_the_full_heads_loss_and_gradients():
+    """A packed micro-batch flattened to one row: the model asked for the labelled positions' logits
+    alone (logits_to_keep, as the trainer does without the fused loss) gives the loss and gradients of
+    the full logits indexed afterwards."""
+    batch = flatten_for_varlen(collate(_packs(3000), 0, 128, with_mask=False))
+    batch.pop("segments", None)
+    rows, targets = label_rows(batch.pop("labels"))
+    assert 0 < rows.numel() < batch["input_ids"].numel()  # some positions are not targets
+    results = []
+    for keep in (False, True):
+        model = load_model("tiny", torch.float32)
+        use_varlen_attention(model)
+        logits = model(**batch, **({"logits_to_keep": rows} if keep else {})).logits
+        assert logits.shape[1] == (rows.numel() if keep else batch["input_ids"].shape[1])
+        loss = LossHead.plain()(logits, None if keep else rows, targets)
+        loss.backward()
+        results.append((loss.detach(), model.model.layers[-1].mlp.down_proj.weight.grad.clone()))
+    (full_loss, full_grad), (kept_loss, kept_grad) = results
+    torch.testing.assert_close(kept_loss, full_loss, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(kept_grad, full_grad, rtol=1e-5, atol=1e-6)
+
+
 def test_a_micro_batch_without_targets_gives_a_zero_loss_that_still_backpropagates():
     logits = torch.randn(2, 6, 9, requires_grad=True)
     loss = LossHead.plain()(logits, *label_rows(torch.full((2, 6), IGNORE_INDEX)))

@@ -364,12 +364,15 @@ class LossHead:
         loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
         return cls(fused=loss, weight=head.weight)
 
-    def __call__(self, output: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, output: torch.Tensor, rows: torch.Tensor | None, targets: torch.Tensor
+    ) -> torch.Tensor:
         """`output`: logits `(B, S, V)`, or hidden states `(B, S, d)` when fused; `rows`, `targets`: from
-        `label_rows` of the micro-batch's labels, on the output's device."""
-        if rows.numel() == 0:  # no target in the micro-batch: a zero that still reaches the graph
+        `label_rows` of the micro-batch's labels, on the output's device. `rows` None: `output` holds the
+        labelled rows alone already, in order (the model was given `logits_to_keep=rows`)."""
+        if targets.numel() == 0:  # no target in the micro-batch: a zero that still reaches the graph
             return output.sum() * 0
-        picked = output.flatten(0, 1).index_select(0, rows)
+        picked = output.flatten(0, 1) if rows is None else output.flatten(0, 1).index_select(0, rows)
         if self.fused is not None:
             return self.fused(self.weight, picked, targets)
         return F.cross_entropy(picked.float(), targets, reduction="sum")

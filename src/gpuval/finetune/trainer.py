@@ -232,12 +232,17 @@ def train(
         for index, batch in enumerate(current.batches):
             batch = dict(batch)
             rows, targets = batch.pop("loss_rows"), batch.pop("loss_targets")
+            # One row (packed documents flattened for varlen attention) and the head inside the model:
+            # transformers applies it to the labelled positions alone (logits_to_keep takes indices).
+            keep = loss_head.fused is None and batch["input_ids"].shape[0] == 1
+            if keep:
+                batch["logits_to_keep"] = rows
             # Gradients are reduced across ranks only on the last micro-batch of the step.
             with parallel.accumulating(last=index == len(current.batches) - 1):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
                     # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
                     model_out = parallel.module(**batch).logits
-                    token_losses_sum = loss_head(model_out, rows, targets)
+                    token_losses_sum = loss_head(model_out, None if keep else rows, targets)
                 # × world: the gradient reduction divides the summed gradients by the world size.
                 parallel.backward(token_losses_sum * world / label_tokens_on_device)
             loss_sum += token_losses_sum.detach().double()
