@@ -1,6 +1,6 @@
 """The bundled tiny model learns the Qwen tool format through LoRA, on the CPU, in a few minutes:
 held-out accuracy rises from the base model's zero (issue 4; the full tiny-cpu run is
-benchmarks/finetune_cpu.sh, its result in benchmarks/results/2026-11-26-cpu-finetune-unseen/)."""
+benchmarks/finetune_cpu.sh, its result in benchmarks/results/2026-11-26-cpu-finetune-logits-kept/)."""
 
 from __future__ import annotations
 
