@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.errors import RunError
+from gpuval.finetune.config import Precision
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 
@@ -73,7 +74,7 @@ class TrainBenchOptions(BaseModel):
         "auto", description="Liger-Kernel fused ops and loss, or transformers' own; auto: liger on a GPU"
     )
     compile: bool = Field(False, description="torch.compile every decoder layer")
-    precision: Literal["bf16", "fp8-base"] = Field(
+    precision: Precision = Field(
         "bf16", description="frozen base products in bf16, or FP8 with row-wise scales (Hopper; finetune)"
     )
     fp8_fast_accum: bool = Field(

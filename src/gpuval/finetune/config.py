@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gpuval.config import apply_sets, read_yaml, validate_model
 
+# Products of the frozen base weights (`train.precision`; finetune/fp8.py): the one list of them.
+Precision = Literal["bf16", "fp8-base"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -133,7 +136,7 @@ class TrainSettings(_Strict):
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
     )
-    precision: Literal["bf16", "fp8-base"] = Field(
+    precision: Precision = Field(
         "bf16",
         description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
         "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",

@@ -27,12 +27,14 @@ them, and the adapter saved is PEFT's as before.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import get_args
 
 import torch
 
 from gpuval.errors import UsageError
+from gpuval.finetune.config import Precision
 
-PRECISIONS = ("bf16", "fp8-base")
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # ("bf16", "fp8-base")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
 MIN_CAPABILITY = (9, 0)  # Hopper: row-wise scaled FP8 products (torch._scaled_mm)
