@@ -56,6 +56,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=2400, help="synthetic conversations (≈ 8 per pack)")
     parser.add_argument("--lr", type=float, default=1e-4, help="bench train's: the loss visibly moves")
     parser.add_argument("--window", type=int, default=10, help="steps in the trailing mean")
+    parser.add_argument("--seed", type=int, default=0, help="train.seed: LoRA init, dropout, data order")
     parser.add_argument("--compile", action="store_true", help="compile the decoder layers")
     parser.add_argument("--run-timeout", type=int, default=280, help="seconds one precision's run may take")
     parser.add_argument("--runs", default=",".join(RUNS), help=f"of {', '.join(RUNS)}; bf16 first")
@@ -121,7 +122,7 @@ def train_config(args: argparse.Namespace, name: str, data: Path, output: Path) 
             "lr": args.lr,
             "warmup_steps": 10,
             "max_steps": args.steps,
-            "seed": 0,
+            "seed": args.seed,
             "compile": args.compile,
             **RUNS[name],
             "save_every_steps": 0,

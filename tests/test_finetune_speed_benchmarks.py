@@ -172,6 +172,7 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
         micro_batch=1,
         lr=1e-4,
         compile=False,
+        seed=3,
     )
     configs = {
         n: fp8_loss.train_config(args, n, tmp_path / "train.jsonl", tmp_path / n) for n in fp8_loss.RUNS
@@ -189,3 +190,4 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
     bf16, fp8, fast = configs.values()
     assert bf16 == fp8 == fast
     assert bf16["train"]["max_steps"] >= 200 and bf16["lora"]["dropout"] == 0.05
+    assert bf16["train"]["seed"] == 3  # --seed reaches every run
