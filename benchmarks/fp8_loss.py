@@ -2,7 +2,8 @@
 
     python benchmarks/fp8_loss.py --output fp8-loss.json      # on a Hopper GPU (H100, H200)
 
-Each run (RUNS: bf16, fp8-base, and fp8-base-fast with Hopper's fast forward accumulation) trains in its
+Each run (RUNS: bf16, fp8-base, fp8-base-fast with Hopper's fast forward accumulation, fp8-base-bf16-grad
+with FP8 forward products only) trains in its
 own process with `gpuval finetune train` (the product's trainer) on the
 Qwen2-7B shape with random weights (the tiny tokenizer's ids), LoRA r64/alpha 128/dropout 0.05 on q/k/v/o,
 on bench train's synthetic conversations packed to `--seq-len` tokens: the same file, seed, data order,
@@ -36,11 +37,13 @@ from finetune_speed import git_commit, run_bounded  # beside this file: on sys.p
 
 REPO = Path(__file__).resolve().parents[1]
 # Each run: its train settings on top of train_config's. bf16 is the reference every other run is compared
-# with; fp8-base-fast adds Hopper's fast accumulation to the forward products (fp8.py).
+# with; fp8-base-fast adds Hopper's fast accumulation to the forward products, fp8-base-bf16-grad keeps the
+# input-gradient products in bf16 (fp8.py).
 RUNS: dict[str, dict[str, Any]] = {
     "bf16": {"precision": "bf16"},
     "fp8-base": {"precision": "fp8-base"},
     "fp8-base-fast": {"precision": "fp8-base", "fp8_fast_accum": True},
+    "fp8-base-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only
 }
 REFERENCE = "bf16"
 TARGET = 0.01  # issue 23: within 1 % of the bf16 run

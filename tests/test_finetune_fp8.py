@@ -224,6 +224,34 @@ def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_
     assert asked == [fast, False]
 
 
+def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_original_weight():
+    """`train.fp8_input_grad: false`: the forward is the FP8 one, the input gradient is exactly the bf16
+    product with the original weight, and a fused q/k/v part slices that weight by output rows."""
+    linear = _layer()
+    fp8, bf16_grad = Fp8Linear.from_linear(linear), Fp8Linear.from_linear(linear, input_grad_fp8=False)
+    assert "bf16 input gradient" in repr(bf16_grad) and "bf16" not in repr(fp8)
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 64, generator=generator).to(torch.bfloat16)
+    grad_out = torch.randn(6, 48, generator=generator).to(torch.bfloat16)
+    grads = []
+    for layer in (fp8, bf16_grad):
+        leaf = x.clone().requires_grad_()
+        out = layer(leaf)
+        out.backward(grad_out)
+        grads.append((out.detach(), leaf.grad))
+    (out_a, grad_fp8), (out_b, grad_bf16) = grads
+    assert torch.equal(out_a, out_b)  # the same FP8 forward
+    assert torch.equal(grad_bf16, grad_out @ linear.weight)  # bf16 against the original weight
+    assert not torch.equal(grad_fp8, grad_bf16)  # the FP8 backward rounds differently
+    part = bf16_grad.rows(8, 24)
+    assert part.weight_t_fp8.data_ptr() == linear.weight[8].data_ptr() or torch.equal(
+        part.weight_t_fp8, linear.weight[8:24]
+    )
+    leaf = x.clone().requires_grad_()
+    part(leaf).backward(grad_out[:, 8:24])
+    assert torch.equal(leaf.grad, grad_out[:, 8:24] @ linear.weight[8:24])
+
+
 def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it():
     from gpuval.finetune.fused_qkv import fuse_qkv
     from gpuval.finetune.parallel import decoder_layers
@@ -281,9 +309,9 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
     converted: list[int] = []
     convert = trainer.convert_frozen_linears
 
-    def counting(layers, fast_accum):
-        assert fast_accum is False  # the default: exact accumulation
-        converted.append(convert(layers, fast_accum))
+    def counting(layers, **options):
+        assert options == {"fast_accum": False, "input_grad_fp8": True}  # the defaults
+        converted.append(convert(layers, **options))
         return converted[-1]
 
     monkeypatch.setattr(trainer, "resolve_precision", lambda setting, *_args: setting)

@@ -178,16 +178,17 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
         n: fp8_loss.train_config(args, n, tmp_path / "train.jsonl", tmp_path / n) for n in fp8_loss.RUNS
     }
     parsed = {name: finetune_config_from_dict(config).train for name, config in configs.items()}
-    assert [(t.precision, t.fp8_fast_accum) for t in parsed.values()] == [
-        ("bf16", False),
-        ("fp8-base", False),
-        ("fp8-base", True),
+    assert [(t.precision, t.fp8_fast_accum, t.fp8_input_grad) for t in parsed.values()] == [
+        ("bf16", False, True),
+        ("fp8-base", False, True),
+        ("fp8-base", True, True),
+        ("fp8-base", False, False),
     ]
     for config in configs.values():
-        config["train"].pop("precision")
-        config["train"].pop("fp8_fast_accum", None)
+        for key in ("precision", "fp8_fast_accum", "fp8_input_grad"):
+            config["train"].pop(key, None)
         config["output"] = None
-    bf16, fp8, fast = configs.values()
-    assert bf16 == fp8 == fast
+    bf16, *others = configs.values()
+    assert all(other == bf16 for other in others)
     assert bf16["train"]["max_steps"] >= 200 and bf16["lora"]["dropout"] == 0.05
     assert bf16["train"]["seed"] == 3  # --seed reaches every run

@@ -80,6 +80,7 @@ class TrainBenchOptions(BaseModel):
     fp8_fast_accum: bool = Field(
         False, description="fp8-base: fast FP8 accumulation in the forward (finetune)"
     )
+    fp8_input_grad: bool = Field(True, description="fp8-base: input gradients in FP8 too (finetune)")
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
     )
@@ -198,6 +199,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "compile": options.compile,
                     "precision": options.precision,
                     "fp8_fast_accum": options.fp8_fast_accum,
+                    "fp8_input_grad": options.fp8_input_grad,
                     "fuse_qkv": options.fuse_qkv,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,

@@ -146,6 +146,11 @@ class TrainSettings(_Strict):
         description="fp8-base: Hopper's fast FP8 accumulation in the forward products (torchao's default; "
         "faster, less exact: benchmarks/NOTES.md); the backward never uses it",
     )
+    fp8_input_grad: bool = Field(
+        True,
+        description="fp8-base: the input-gradient products in FP8 too; false: in bf16 against the original "
+        "weights (slower, one more byte per weight; benchmarks/NOTES.md)",
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "

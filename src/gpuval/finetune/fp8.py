@@ -104,8 +104,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         x: torch.Tensor,
         weight: torch.Tensor,  # (out, in) e4m3
         weight_scale: torch.Tensor,  # (1, out) float32
-        weight_t: torch.Tensor,  # (in, out) e4m3, contiguous: the backward product's operand
-        weight_t_scale: torch.Tensor,  # (1, in) float32
+        weight_t: torch.Tensor,  # backward operand: (in, out) e4m3, contiguous; or (out, in) bf16
+        weight_t_scale: torch.Tensor | None,  # (1, in) float32; None: the backward product runs in bf16
         bias: torch.Tensor | None,  # (out,) bf16
         fast_accum: bool,  # the forward product's use_fast_accum
     ) -> torch.Tensor:
@@ -129,15 +129,19 @@ class _Fp8LinearFunction(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
             return None, None, None, None, None, None, None
         weight_t, weight_t_scale = ctx.saved_tensors  # type: ignore[attr-defined]
-        grad_fp8, grad_scale = quantize_rows(grad_out.reshape(-1, grad_out.shape[-1]))
-        grad_x = torch._scaled_mm(
-            grad_fp8,
-            weight_t.t(),  # column-major (out, in)
-            scale_a=grad_scale,
-            scale_b=weight_t_scale,
-            out_dtype=torch.bfloat16,
-            use_fast_accum=FAST_ACCUM_BACKWARD,
-        )
+        flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
+        if weight_t_scale is None:  # train.fp8_input_grad false: the bf16 weight, (out, in)
+            grad_x = flat_grad.to(weight_t.dtype) @ weight_t
+        else:
+            grad_fp8, grad_scale = quantize_rows(flat_grad)
+            grad_x = torch._scaled_mm(
+                grad_fp8,
+                weight_t.t(),  # column-major (out, in)
+                scale_a=grad_scale,
+                scale_b=weight_t_scale,
+                out_dtype=torch.bfloat16,
+                use_fast_accum=FAST_ACCUM_BACKWARD,
+            )
         grad_x = grad_x.reshape(*grad_out.shape[:-1], grad_x.shape[-1]).to(ctx.input_dtype)  # type: ignore[attr-defined]
         return grad_x, None, None, None, None, None, None
 
@@ -150,7 +154,7 @@ class Fp8Linear(torch.nn.Module):
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
         weight_t: torch.Tensor,
-        weight_t_scale: torch.Tensor,
+        weight_t_scale: torch.Tensor | None,
         bias: torch.Tensor | None,
         fast_accum: bool = False,
     ) -> None:
@@ -164,11 +168,17 @@ class Fp8Linear(torch.nn.Module):
         self.fast_accum = fast_accum
 
     @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, fast_accum: bool = False) -> Fp8Linear:
+    def from_linear(
+        cls, linear: torch.nn.Linear, fast_accum: bool = False, input_grad_fp8: bool = True
+    ) -> Fp8Linear:
+        """`input_grad_fp8` false: the backward product runs in bf16 against the original weight, kept
+        instead of a transposed FP8 copy (one more byte per weight)."""
         weight = linear.weight.detach()
         values, scales = quantize_rows(weight)  # one scale per output channel
-        values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel, row-major (in, out)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        if not input_grad_fp8:
+            return cls(values, scales.reshape(1, -1), weight.to(torch.bfloat16), None, bias, fast_accum)
+        values_t, scales_t = quantize_rows(weight.t())  # one scale per input channel, row-major (in, out)
         return cls(values, scales.reshape(1, -1), values_t, scales_t.reshape(1, -1), bias, fast_accum)
 
     @property
@@ -184,10 +194,11 @@ class Fp8Linear(torch.nn.Module):
         the parts of one concatenated weight). The transposed copy keeps the scales of the whole input
         channel, which are at least as wide as the part's own: still a valid quantisation of the part."""
         bias = None if self.bias_bf16 is None else self.bias_bf16[start:end]
+        bf16_backward = self.weight_t_scale is None  # weight_t_fp8 is then the (out, in) bf16 weight
         return Fp8Linear(
             self.weight_fp8[start:end],
             self.weight_scale[:, start:end],
-            self.weight_t_fp8[:, start:end],
+            self.weight_t_fp8[start:end] if bf16_backward else self.weight_t_fp8[:, start:end],
             self.weight_t_scale,
             bias,
             self.fast_accum,
@@ -206,14 +217,18 @@ class Fp8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         fast = ", fast forward accumulation" if self.fast_accum else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8=e4m3 row-wise{fast}"
+        backward = ", bf16 input gradient" if self.weight_t_scale is None else ""
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, fp8=e4m3 row-wise{fast}{backward}"
 
 
 def fits_fp8(linear: torch.nn.Linear) -> bool:
     return linear.in_features % ALIGNMENT == 0 and linear.out_features % ALIGNMENT == 0
 
 
-def convert_frozen_linears(layers: Iterable[torch.nn.Module], fast_accum: bool = False) -> int:
+def convert_frozen_linears(
+    layers: Iterable[torch.nn.Module], fast_accum: bool = False, input_grad_fp8: bool = True
+) -> int:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers) by an `Fp8Linear`; trainable
     linears (LoRA's A and B) and layers already converted are left alone. Returns how many were replaced."""
     targets = [
@@ -224,5 +239,5 @@ def convert_frozen_linears(layers: Iterable[torch.nn.Module], fast_accum: bool =
         if type(child) is torch.nn.Linear and not child.weight.requires_grad and fits_fp8(child)
     ]
     for parent, name, child in targets:
-        setattr(parent, name, Fp8Linear.from_linear(child, fast_accum))
+        setattr(parent, name, Fp8Linear.from_linear(child, fast_accum, input_grad_fp8))
     return len(targets)

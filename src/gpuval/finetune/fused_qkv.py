@@ -115,10 +115,12 @@ class FusedQKV:
         )
 
 
-def fuse_qkv(model: torch.nn.Module, fp8: bool = False, fast_accum: bool = False) -> int:
+def fuse_qkv(
+    model: torch.nn.Module, fp8: bool = False, fast_accum: bool = False, input_grad_fp8: bool = True
+) -> int:
     """Fuse q/k/v in every attention layer of a PEFT model whose three projections carry one plain LoRA
     adapter each (see `fusable`); `fp8`: the concatenated base weight runs in FP8 (fp8.Fp8Linear, with
-    `fast_accum` for its forward product). Call it
+    `fast_accum` and `input_grad_fp8` as fp8.Fp8Linear.from_linear takes them). Call it
     after the model is on its device and before compiling. Returns how many attention layers were fused."""
     count = 0
     for attention in list(model.modules()):
@@ -128,7 +130,7 @@ def fuse_qkv(model: torch.nn.Module, fp8: bool = False, fast_accum: bool = False
             continue
         base = _concatenate(parts)
         if fp8 and fits_fp8(base):
-            base = Fp8Linear.from_linear(base, fast_accum)
+            base = Fp8Linear.from_linear(base, fast_accum, input_grad_fp8)
         fused = FusedQKV(parts, adapter, base)
         start = 0
         for part, width in zip(parts, fused.widths, strict=True):

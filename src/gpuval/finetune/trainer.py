@@ -153,13 +153,14 @@ def train(
     model.to(device)
     # After the move (the concatenated and FP8 weights are made on the device), before compiling.
     fp8 = precision == "fp8-base"
-    fused_attention = fuse_qkv(model, fp8=fp8, fast_accum=t.fp8_fast_accum) if fuse else 0
+    fp8_options = {"fast_accum": t.fp8_fast_accum, "input_grad_fp8": t.fp8_input_grad}
+    fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
     if t.fuse_qkv is True and not fused_attention:
         raise UsageError(
             "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
             "and v_proj: set train.fuse_qkv=false"
         )
-    fp8_linears = convert_frozen_linears(decoder_layers(model), t.fp8_fast_accum) if fp8 else 0
+    fp8_linears = convert_frozen_linears(decoder_layers(model), **fp8_options) if fp8 else 0
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in decoder_layers(model):
