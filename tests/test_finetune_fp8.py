@@ -175,6 +175,22 @@ def _lora_model(dtype: torch.dtype = torch.bfloat16):
     return apply_lora(load_model("tiny", dtype), 8, 16, 0.0, ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
+    gpu = ("NVIDIA H100 80GB HBM3", (9, 0))
+    for fast, input_grad, named in ((True, True, "fp8_fast_accum"), (False, False, "fp8_input_grad")):
+        with pytest.raises(UsageError) as caught:
+            resolve_precision("bf16", "bfloat16", "ddp", *gpu, fast_accum=fast, input_grad_fp8=input_grad)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(
+            f"train.{named} applies to train.precision=fp8-base"
+        )
+    # the defaults under bf16, and any of them under fp8-base, are accepted
+    assert resolve_precision("bf16", "bfloat16", "ddp", *gpu) == "bf16"
+    assert resolve_precision("fp8-base", "bfloat16", "ddp", *gpu, fast_accum=True, input_grad_fp8=False) == (
+        "fp8-base"
+    )
+
+
 def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameters():
     from peft.tuners.lora.layer import Linear as LoraLinear
 

@@ -54,13 +54,26 @@ def resolve_precision(
     parallel: str,
     device_name: str | None,
     capability: tuple[int, int] | None,
+    fast_accum: bool = False,
+    input_grad_fp8: bool = True,
 ) -> str:
-    """`train.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why.
-    `device_name`/`capability`: the GPU's (torch.cuda.get_device_name / get_device_capability), None on a
-    CPU."""
+    """`train.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why, and
+    so are FP8 settings (`fast_accum`, `input_grad_fp8` changed from their defaults) under bf16, where
+    they would do nothing. `device_name`/`capability`: the GPU's (torch.cuda.get_device_name /
+    get_device_capability), None on a CPU."""
     if setting not in PRECISIONS:
         raise UsageError(f"train.precision={setting}: expected one of {', '.join(PRECISIONS)}")
     if setting == "bf16":
+        changed = [
+            name
+            for name, on in (("fp8_fast_accum", fast_accum), ("fp8_input_grad", not input_grad_fp8))
+            if on
+        ]
+        if changed:
+            raise UsageError(
+                f"train.{changed[0]} applies to train.precision=fp8-base only (this config has bf16): "
+                f"set train.precision=fp8-base or leave train.{changed[0]} at its default"
+            )
         return setting
     if device_name is None or capability is None:
         raise UsageError(

@@ -117,7 +117,9 @@ def train(
         deepspeed_config(cfg, world, dtype, runtime.on_gpu)
     gpu_name = torch.cuda.get_device_name(device) if runtime.on_gpu else None
     capability = torch.cuda.get_device_capability(device) if runtime.on_gpu else None
-    precision = resolve_precision(t.precision, cfg.dtype, t.parallel, gpu_name, capability)
+    precision = resolve_precision(
+        t.precision, cfg.dtype, t.parallel, gpu_name, capability, t.fp8_fast_accum, t.fp8_input_grad
+    )
     fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
