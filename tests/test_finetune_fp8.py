@@ -134,7 +134,7 @@ def test_fp8_linear_output_and_input_gradient_against_float32_within_the_derived
 def test_the_frozen_weight_gets_no_gradient_and_the_input_one_only_when_asked():
     fp8 = Fp8Linear.from_linear(_layer(bias=False))
     assert list(fp8.parameters()) == [] and list(fp8.buffers()) == []  # nothing to train, save or broadcast
-    tensors = (fp8.weight_fp8, fp8.weight_scale, fp8.weight_t_fp8, fp8.weight_t_scale)
+    tensors = (fp8.weight_fp8, fp8.weight_scale, fp8.weight_back, fp8.weight_back_scale)
     x = torch.randn(4, 64, requires_grad=True)
     fp8(x).float().sum().backward()
     assert x.grad is not None and all(t.grad is None and not t.requires_grad for t in tensors)
@@ -144,7 +144,7 @@ def test_the_frozen_weight_gets_no_gradient_and_the_input_one_only_when_asked():
     scale = fp8.weight_scale.clone().requires_grad_()
     plain_x = torch.randn(4, 64)
     out = _Fp8LinearFunction.apply(
-        plain_x, fp8.weight_fp8, scale, fp8.weight_t_fp8, fp8.weight_t_scale, None, False
+        plain_x, fp8.weight_fp8, scale, fp8.weight_back, fp8.weight_back_scale, None, False
     )
     out.float().sum().backward()
     assert plain_x.grad is None and scale.grad is None
@@ -260,8 +260,8 @@ def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_origina
     assert torch.equal(grad_bf16, grad_out @ linear.weight)  # bf16 against the original weight
     assert not torch.equal(grad_fp8, grad_bf16)  # the FP8 backward rounds differently
     part = bf16_grad.rows(8, 24)
-    assert part.weight_t_fp8.data_ptr() == linear.weight[8].data_ptr() or torch.equal(
-        part.weight_t_fp8, linear.weight[8:24]
+    assert part.weight_back.data_ptr() == linear.weight[8].data_ptr() or torch.equal(
+        part.weight_back, linear.weight[8:24]
     )
     leaf = x.clone().requires_grad_()
     part(leaf).backward(grad_out[:, 8:24])

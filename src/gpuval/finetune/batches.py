@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from gpuval.finetune.kernels import flatten_for_varlen, label_rows
 from gpuval.finetune.packing import Pack, collate
-from gpuval.finetune.template import IGNORE_INDEX
 
 
 @dataclass
@@ -89,13 +88,13 @@ def step_batches_for(
             ]
         else:
             batches = [collate(mb, pad_id, max_seq_len, mask_dtype) for mb in micro]
-        # The loss denominator: label tokens of the whole step on every rank (labels shift by one).
-        labels = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-        counts = to_device(torch.tensor([labels, sum(map(len, mine))], dtype=torch.float64), device)
-        dist.all_reduce(counts)  # NCCL reduces GPU tensors only; asynchronous there
         # The loss reads its labelled rows and their targets (kernels.label_rows), found here on the host.
         for b in batches:
             b["loss_rows"], b["loss_targets"] = label_rows(b.pop("labels"))
+        # The loss denominator: the targets of the whole step on every rank.
+        labels = sum(b["loss_targets"].numel() for b in batches)
+        counts = to_device(torch.tensor([labels, sum(map(len, mine))], dtype=torch.float64), device)
+        dist.all_reduce(counts)  # NCCL reduces GPU tensors only; asynchronous there
         on_device = [
             {key: to_device(value, device) for key, value in b.items() if key != "segments"} for b in batches
         ]

@@ -10,6 +10,8 @@ LoRA never changes the base weights, so their products can run in FP8 on a Hoppe
 - activations are quantised each step with one scale per token (row), the same way;
 - forward `y = x Wᵀ` and backward `grad_x = grad_y W` are both `_scaled_mm(A_e4m3, B_e4m3,
   scale_a (M, 1), scale_b (1, N))` with a bf16 result; the weight gets no gradient at all.
+- with `train.fp8_input_grad: false` the backward product runs in bf16 against the original weight, kept
+  instead of the transposed copy (`Fp8Linear.weight_back` is then that weight and `weight_back_scale` None).
 
 Why e4m3 for the gradient too (where per-tensor FP8 recipes use e5m2): with one scale per row every row's
 largest value lands on 448, so e5m2's wider exponent range buys nothing, while e4m3 keeps one more mantissa
@@ -117,8 +119,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         x: torch.Tensor,
         weight: torch.Tensor,  # (out, in) e4m3
         weight_scale: torch.Tensor,  # (1, out) float32
-        weight_t: torch.Tensor,  # backward operand: (in, out) e4m3, contiguous; or (out, in) bf16
-        weight_t_scale: torch.Tensor | None,  # (1, in) float32; None: the backward product runs in bf16
+        weight_back: torch.Tensor,  # backward operand: (in, out) e4m3, contiguous; or (out, in) bf16
+        weight_back_scale: torch.Tensor | None,  # (1, in) float32; None: the backward product runs in bf16
         bias: torch.Tensor | None,  # (out,) bf16
         fast_accum: bool,  # the forward product's use_fast_accum
     ) -> torch.Tensor:
@@ -133,7 +135,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             out_dtype=torch.bfloat16,
             use_fast_accum=fast_accum,
         )
-        ctx.save_for_backward(weight_t, weight_t_scale)
+        ctx.save_for_backward(weight_back, weight_back_scale)
         ctx.input_dtype = x.dtype  # type: ignore[attr-defined]
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
@@ -141,17 +143,17 @@ class _Fp8LinearFunction(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, grad_out: torch.Tensor) -> tuple:  # type: ignore[override]
         if not ctx.needs_input_grad[0]:  # type: ignore[attr-defined]
             return None, None, None, None, None, None, None
-        weight_t, weight_t_scale = ctx.saved_tensors  # type: ignore[attr-defined]
+        weight_back, weight_back_scale = ctx.saved_tensors  # type: ignore[attr-defined]
         flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
-        if weight_t_scale is None:  # train.fp8_input_grad false: the bf16 weight, (out, in)
-            grad_x = flat_grad.to(weight_t.dtype) @ weight_t
+        if weight_back_scale is None:  # train.fp8_input_grad false: the bf16 weight, (out, in)
+            grad_x = flat_grad.to(weight_back.dtype) @ weight_back
         else:
             grad_fp8, grad_scale = quantize_rows(flat_grad)
             grad_x = torch._scaled_mm(
                 grad_fp8,
-                weight_t.t(),  # column-major (out, in)
+                weight_back.t(),  # column-major (out, in)
                 scale_a=grad_scale,
-                scale_b=weight_t_scale,
+                scale_b=weight_back_scale,
                 out_dtype=torch.bfloat16,
                 use_fast_accum=FAST_ACCUM_BACKWARD,
             )
@@ -166,8 +168,8 @@ class Fp8Linear(torch.nn.Module):
         self,
         weight: torch.Tensor,
         weight_scale: torch.Tensor,
-        weight_t: torch.Tensor,
-        weight_t_scale: torch.Tensor | None,
+        weight_back: torch.Tensor,
+        weight_back_scale: torch.Tensor | None,
         bias: torch.Tensor | None,
         fast_accum: bool = False,
     ) -> None:
@@ -175,8 +177,8 @@ class Fp8Linear(torch.nn.Module):
         # Plain attributes, not parameters or buffers (module docstring).
         self.weight_fp8 = weight
         self.weight_scale = weight_scale
-        self.weight_t_fp8 = weight_t
-        self.weight_t_scale = weight_t_scale
+        self.weight_back = weight_back
+        self.weight_back_scale = weight_back_scale
         self.bias_bf16 = bias
         self.fast_accum = fast_accum
 
@@ -207,12 +209,12 @@ class Fp8Linear(torch.nn.Module):
         the parts of one concatenated weight). The transposed copy keeps the scales of the whole input
         channel, which are at least as wide as the part's own: still a valid quantisation of the part."""
         bias = None if self.bias_bf16 is None else self.bias_bf16[start:end]
-        bf16_backward = self.weight_t_scale is None  # weight_t_fp8 is then the (out, in) bf16 weight
+        bf16_backward = self.weight_back_scale is None  # weight_back is then the (out, in) bf16 weight
         return Fp8Linear(
             self.weight_fp8[start:end],
             self.weight_scale[:, start:end],
-            self.weight_t_fp8[start:end] if bf16_backward else self.weight_t_fp8[:, start:end],
-            self.weight_t_scale,
+            self.weight_back[start:end] if bf16_backward else self.weight_back[:, start:end],
+            self.weight_back_scale,
             bias,
             self.fast_accum,
         )
@@ -222,15 +224,15 @@ class Fp8Linear(torch.nn.Module):
             x,
             self.weight_fp8,
             self.weight_scale,
-            self.weight_t_fp8,
-            self.weight_t_scale,
+            self.weight_back,
+            self.weight_back_scale,
             self.bias_bf16,
             self.fast_accum,
         )
 
     def extra_repr(self) -> str:
         fast = ", fast forward accumulation" if self.fast_accum else ""
-        backward = ", bf16 input gradient" if self.weight_t_scale is None else ""
+        backward = ", bf16 input gradient" if self.weight_back_scale is None else ""
         shape = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{shape}, fp8=e4m3 row-wise{fast}{backward}"
 
