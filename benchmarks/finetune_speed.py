@@ -80,6 +80,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
     "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
     "gpuval-fp8-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only
+    "gpuval-fp8-attn-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.self_attn.*"]},  # fp8_loss.py's
+    "gpuval-fp8-edges-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "1.*", "-2.*", "-1.*"]},
+    "gpuval-fp8-down-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.mlp.down_proj"]},
 }
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")

@@ -28,6 +28,7 @@ from gpuval.finetune.fp8 import (  # noqa: E402
     Fp8Linear,
     _Fp8LinearFunction,
     convert_frozen_linears,
+    excluded_linears,
     quantize_rows,
     resolve_precision,
 )
@@ -177,9 +178,15 @@ def _lora_model(dtype: torch.dtype = torch.bfloat16):
 
 def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
     gpu = ("NVIDIA H100 80GB HBM3", (9, 0))
-    for fast, input_grad, named in ((True, True, "fp8_fast_accum"), (False, False, "fp8_input_grad")):
+    for fast, input_grad, exclude, named in (
+        (True, True, (), "fp8_fast_accum"),
+        (False, False, (), "fp8_input_grad"),
+        (False, True, ("*.mlp.*",), "fp8_exclude"),
+    ):
         with pytest.raises(UsageError) as caught:
-            resolve_precision("bf16", "bfloat16", "ddp", *gpu, fast_accum=fast, input_grad_fp8=input_grad)
+            resolve_precision(
+                "bf16", "bfloat16", "ddp", *gpu, fast_accum=fast, input_grad_fp8=input_grad, exclude=exclude
+            )
         message = str(caught.value)
         assert "\n" not in message and message.startswith(
             f"train.{named} applies to train.precision=fp8-base"
@@ -326,18 +333,21 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
     convert = trainer.convert_frozen_linears
 
     def counting(layers, **options):
+        exclude = options.pop("exclude")
         assert options == {"fast_accum": False, "input_grad_fp8": True}  # the defaults
-        converted.append(convert(layers, **options))
+        assert exclude == {id(layer.mlp.down_proj.base_layer) for layer in layers}  # fp8_exclude, below
+        converted.append(convert(layers, exclude=exclude, **options))
         return converted[-1]
 
     monkeypatch.setattr(trainer, "resolve_precision", lambda setting, *_args: setting)
     monkeypatch.setattr(trainer, "convert_frozen_linears", counting)
     data = config_dict(train_file, tmp_path / "run", precision="fp8-base", max_steps=2, tensorboard=False)
+    data["train"]["fp8_exclude"] = ["*.mlp.down_proj"]
     data["dtype"] = "bfloat16"
     data["data"]["max_seq_len"] = 128
     summary = trainer.train(finetune_config_from_dict(data), runtime)
     assert summary["precision"] == "fp8-base" and summary["fused_qkv"] is False  # auto: off on a CPU
-    assert converted == [6 * 7]  # the tiny model's 6 layers: q, k, v, o, gate, up, down
+    assert converted == [6 * 6]  # the tiny model's 6 layers: q, k, v, o, gate, up (down kept in bf16)
     assert all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in summary["steps"])
     loaded = PeftModel.from_pretrained(load_model("tiny", torch.bfloat16), summary["adapter"])
     assert any("lora_A" in name for name, _ in loaded.named_parameters())
@@ -350,3 +360,48 @@ def test_quantised_values_are_row_major_whatever_the_input_layout():
     assert values.is_contiguous() and values.shape == (32, 48) and scales.shape == (32, 1)
     reference, _ = quantize_rows(transposed.contiguous())
     assert torch.equal(values.float(), reference.float())
+
+
+def test_fp8_exclude_names_layers_from_either_end_and_keeps_exactly_those_in_bf16():
+    from gpuval.finetune.fused_qkv import fuse_qkv
+    from gpuval.finetune.parallel import decoder_layers
+
+    model = _lora_model()
+    layers = decoder_layers(model)
+    n = len(layers)
+    assert n >= 2
+    # the first layer's attention products, and the last layer's down projection named from the end
+    exclude = excluded_linears(layers, ["0.self_attn.*", "-1.mlp.down_proj"])
+    attention0 = layers[0].self_attn
+    expected = {id(getattr(attention0, p).base_layer) for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    expected.add(id(layers[-1].mlp.down_proj))
+    assert exclude == expected
+    # the same module by its index from the start: the same set
+    assert excluded_linears(layers, [f"{n - 1}.mlp.down_proj", "0.self_attn.*"]) == expected
+
+    fused = fuse_qkv(model, fp8=True, exclude=exclude)
+    assert fused == n
+    converted = convert_frozen_linears(layers, exclude=exclude)
+    assert converted == (n - 1) * 4 + 3 - 1  # o + gate/up/down per layer, less layer 0's o and the last down
+    # layer 0: q/k/v fused in bf16 (one excluded part keeps the concatenation bf16), o in bf16
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        assert type(getattr(attention0, name).base_layer) is torch.nn.Linear
+    assert type(layers[0].mlp.down_proj) is Fp8Linear
+    assert type(layers[-1].mlp.down_proj) is torch.nn.Linear
+    assert type(layers[-1].mlp.up_proj) is Fp8Linear
+    assert all(type(getattr(layers[1].self_attn, p).base_layer) is Fp8Linear for p in ("q_proj", "o_proj"))
+    # the model still runs, with gradients for the adapters only
+    model(input_ids=torch.randint(3, 3000, (1, 8))).logits.float().sum().backward()
+    assert all("lora_" in name for name, p in model.named_parameters() if p.grad is not None)
+
+
+def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
+    from gpuval.finetune.parallel import decoder_layers
+
+    layers = decoder_layers(_lora_model())
+    for pattern in ("*.self_attn.q_proj.base_layer", "99.mlp.*", "*.mlp.gate"):
+        with pytest.raises(UsageError) as caught:
+            excluded_linears(layers, ["*.mlp.down_proj", pattern])
+        message = str(caught.value)
+        assert "\n" not in message and f"'{pattern}' matches no frozen linear" in message
+    assert excluded_linears(layers, []) == frozenset()

@@ -81,6 +81,9 @@ class TrainBenchOptions(BaseModel):
         False, description="fp8-base: fast FP8 accumulation in the forward (finetune)"
     )
     fp8_input_grad: bool = Field(True, description="fp8-base: input gradients in FP8 too (finetune)")
+    fp8_exclude: list[str] = Field(
+        default_factory=list, description="fp8-base: linears kept in bf16, glob patterns (finetune)"
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
     )
@@ -200,6 +203,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "precision": options.precision,
                     "fp8_fast_accum": options.fp8_fast_accum,
                     "fp8_input_grad": options.fp8_input_grad,
+                    "fp8_exclude": options.fp8_exclude,
                     "fuse_qkv": options.fuse_qkv,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,

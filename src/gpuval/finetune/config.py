@@ -151,6 +151,12 @@ class TrainSettings(_Strict):
         description="fp8-base: the input-gradient products in FP8 too; false: in bf16 against the original "
         "weights (slower, one more byte per weight; benchmarks/NOTES.md)",
     )
+    fp8_exclude: list[str] = Field(
+        default_factory=list,
+        description="fp8-base: frozen linears kept in bf16, as glob patterns over names such as "
+        "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
+        "in the layer); *.self_attn.* keeps every attention product in bf16 (finetune/fp8.py)",
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "

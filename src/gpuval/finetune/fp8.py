@@ -11,7 +11,11 @@ LoRA never changes the base weights, so their products can run in FP8 on a Hoppe
 - forward `y = x Wᵀ` and backward `grad_x = grad_y W` are both `_scaled_mm(A_e4m3, B_e4m3,
   scale_a (M, 1), scale_b (1, N))` with a bf16 result; the weight gets no gradient at all.
 - with `train.fp8_input_grad: false` the backward product runs in bf16 against the original weight, kept
-  instead of the transposed copy (`Fp8Linear.weight_back` is then that weight and `weight_back_scale` None).
+  instead of the transposed copy (`Fp8Linear.weight_back` is then that weight and `weight_back_scale` None);
+- `train.fp8_exclude` keeps chosen linears in bf16 (`excluded_linears`): glob patterns over names such as
+  `0.self_attn.q_proj` or `-1.mlp.down_proj` (the decoder layer's index from the start or from the end, then
+  the module's path in the layer without PEFT's `base_layer`), as FP8 recipes keep their most sensitive
+  products in higher precision.
 
 Why e4m3 for the gradient too (where per-tensor FP8 recipes use e5m2): with one scale per row every row's
 largest value lands on 448, so e5m2's wider exponent range buys nothing, while e4m3 keeps one more mantissa
@@ -28,7 +32,8 @@ them, and the adapter saved is PEFT's as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import get_args
 
 import torch
@@ -58,17 +63,22 @@ def resolve_precision(
     capability: tuple[int, int] | None,
     fast_accum: bool = False,
     input_grad_fp8: bool = True,
+    exclude: Sequence[str] = (),
 ) -> str:
     """`train.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why, and
-    so are FP8 settings (`fast_accum`, `input_grad_fp8` changed from their defaults) under bf16, where
-    they would do nothing. `device_name`/`capability`: the GPU's (torch.cuda.get_device_name /
+    so are FP8 settings (`fast_accum`, `input_grad_fp8`, `exclude` changed from their defaults) under bf16,
+    where they would do nothing. `device_name`/`capability`: the GPU's (torch.cuda.get_device_name /
     get_device_capability), None on a CPU."""
     if setting not in PRECISIONS:
         raise UsageError(f"train.precision={setting}: expected one of {', '.join(PRECISIONS)}")
     if setting == "bf16":
         changed = [
             name
-            for name, on in (("fp8_fast_accum", fast_accum), ("fp8_input_grad", not input_grad_fp8))
+            for name, on in (
+                ("fp8_fast_accum", fast_accum),
+                ("fp8_input_grad", not input_grad_fp8),
+                ("fp8_exclude", bool(exclude)),
+            )
             if on
         ]
         if changed:
@@ -241,17 +251,53 @@ def fits_fp8(linear: torch.nn.Linear) -> bool:
     return linear.in_features % ALIGNMENT == 0 and linear.out_features % ALIGNMENT == 0
 
 
+def _frozen_linear(module: torch.nn.Module) -> bool:
+    return type(module) is torch.nn.Linear and not module.weight.requires_grad
+
+
+def excluded_linears(layers: Sequence[torch.nn.Module], patterns: Sequence[str]) -> frozenset[int]:
+    """The ids of the frozen `nn.Linear` modules inside `layers` (the decoder layers) that `train.fp8_exclude`
+    keeps in bf16: those with a name matching one of the glob `patterns` (fnmatch, case-sensitive). A module
+    has two names, `{i}.{path}` and `{i - len(layers)}.{path}`: its layer's index from the start and from the
+    end, then its path in the layer without PEFT's `base_layer` (`3.self_attn.q_proj`, `-1.mlp.down_proj`).
+    A pattern that matches no frozen linear is a one-line UsageError: a typo must not quietly leave
+    everything in FP8."""
+    matched: set[str] = set()
+    ids: set[int] = set()
+    for index, layer in enumerate(layers):
+        for path, module in layer.named_modules():
+            if not _frozen_linear(module):
+                continue
+            path = ".".join(part for part in path.split(".") if part != "base_layer")
+            names = (f"{index}.{path}", f"{index - len(layers)}.{path}")
+            hits = {p for p in patterns if any(fnmatchcase(name, p) for name in names)}
+            if hits:
+                ids.add(id(module))
+                matched |= hits
+    if missing := [p for p in patterns if p not in matched]:
+        raise UsageError(
+            f"train.fp8_exclude: '{missing[0]}' matches no frozen linear of the decoder layers (names look "
+            "like 0.self_attn.q_proj or -1.mlp.down_proj; *.self_attn.* takes every attention product): "
+            "fix or remove the pattern"
+        )
+    return frozenset(ids)
+
+
 def convert_frozen_linears(
-    layers: Iterable[torch.nn.Module], fast_accum: bool = False, input_grad_fp8: bool = True
+    layers: Iterable[torch.nn.Module],
+    fast_accum: bool = False,
+    input_grad_fp8: bool = True,
+    exclude: Collection[int] = frozenset(),
 ) -> int:
     """Replace every frozen `nn.Linear` inside `layers` (the decoder layers) by an `Fp8Linear`; trainable
-    linears (LoRA's A and B) and layers already converted are left alone. Returns how many were replaced."""
+    linears (LoRA's A and B), layers already converted and those whose id is in `exclude`
+    (`excluded_linears`) are left alone. Returns how many were replaced."""
     targets = [
         (parent, name, child)
         for layer in layers
         for parent in layer.modules()
         for name, child in parent.named_children()
-        if type(child) is torch.nn.Linear and not child.weight.requires_grad and fits_fp8(child)
+        if _frozen_linear(child) and fits_fp8(child) and id(child) not in exclude
     ]
     for parent, name, child in targets:
         setattr(parent, name, Fp8Linear.from_linear(child, fast_accum, input_grad_fp8))

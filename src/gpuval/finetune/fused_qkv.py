@@ -24,6 +24,7 @@ quantised once (fp8.Fp8Linear) and the parts are its row slices.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -116,20 +117,26 @@ class FusedQKV:
 
 
 def fuse_qkv(
-    model: torch.nn.Module, fp8: bool = False, fast_accum: bool = False, input_grad_fp8: bool = True
+    model: torch.nn.Module,
+    fp8: bool = False,
+    fast_accum: bool = False,
+    input_grad_fp8: bool = True,
+    exclude: Collection[int] = frozenset(),
 ) -> int:
     """Fuse q/k/v in every attention layer of a PEFT model whose three projections carry one plain LoRA
     adapter each (see `fusable`); `fp8`: the concatenated base weight runs in FP8 (fp8.Fp8Linear, with
-    `fast_accum` and `input_grad_fp8` as fp8.Fp8Linear.from_linear takes them). Call it
-    after the model is on its device and before compiling. Returns how many attention layers were fused."""
+    `fast_accum` and `input_grad_fp8` as fp8.Fp8Linear.from_linear takes them) unless one of the three base
+    layers' ids is in `exclude` (fp8.excluded_linears). Call it after the model is on its device and before
+    compiling. Returns how many attention layers were fused."""
     count = 0
     for attention in list(model.modules()):
         parts = [getattr(attention, name, None) for name in PROJECTIONS]
         adapter = fusable(parts)
         if adapter is None:
             continue
+        kept_bf16 = any(id(p.get_base_layer()) in exclude for p in parts)
         base = _concatenate(parts)
-        if fp8 and fits_fp8(base):
+        if fp8 and fits_fp8(base) and not kept_bf16:
             base = Fp8Linear.from_linear(base, fast_accum, input_grad_fp8)
         fused = FusedQKV(parts, adapter, base)
         start = 0

@@ -51,7 +51,7 @@ from gpuval.finetune.checkpoint import (
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
-from gpuval.finetune.fp8 import convert_frozen_linears, resolve_precision
+from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, excluded_linears, resolve_precision
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
     LossHead,
@@ -118,7 +118,14 @@ def train(
     gpu_name = torch.cuda.get_device_name(device) if runtime.on_gpu else None
     capability = torch.cuda.get_device_capability(device) if runtime.on_gpu else None
     precision = resolve_precision(
-        t.precision, cfg.dtype, t.parallel, gpu_name, capability, t.fp8_fast_accum, t.fp8_input_grad
+        t.precision,
+        cfg.dtype,
+        t.parallel,
+        gpu_name,
+        capability,
+        t.fp8_fast_accum,
+        t.fp8_input_grad,
+        t.fp8_exclude,
     )
     fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
     attention = resolve_attention(t.attention, runtime.on_gpu)
@@ -155,14 +162,21 @@ def train(
     model.to(device)
     # After the move (the concatenated and FP8 weights are made on the device), before compiling.
     fp8 = precision == "fp8-base"
-    fp8_options = {"fast_accum": t.fp8_fast_accum, "input_grad_fp8": t.fp8_input_grad}
+    fp8_options = {
+        "fast_accum": t.fp8_fast_accum,
+        "input_grad_fp8": t.fp8_input_grad,
+        "exclude": excluded_linears(decoder_layers(model), t.fp8_exclude) if fp8 else frozenset(),
+    }
     fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
     if t.fuse_qkv is True and not fused_attention:
         raise UsageError(
             "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
             "and v_proj: set train.fuse_qkv=false"
         )
-    fp8_linears = convert_frozen_linears(decoder_layers(model), **fp8_options) if fp8 else 0
+    if fp8:
+        convert_frozen_linears(decoder_layers(model), **fp8_options)
+    # Counted in the model as it now is: fused q/k/v parts that run in FP8 count once each.
+    fp8_linears = sum(isinstance(m, Fp8Linear) for layer in decoder_layers(model) for m in layer.modules())
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in decoder_layers(model):
@@ -189,8 +203,9 @@ def train(
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {trainable_count:,} | precision {precision}"
         + (
-            f" ({fp8_linears} frozen linears{' and the fused q/k/v' if fused_attention else ''} in FP8)"
-            if fp8_linears
+            f" ({fp8_linears} frozen linears in FP8, {len(fp8_options['exclude'])} kept in bf16 by "
+            "train.fp8_exclude)"
+            if fp8
             else ""
         )
         + (f" | q/k/v fused in {fused_attention} attention layers" if fused_attention else "")
