@@ -417,3 +417,30 @@ def test_bad_training_data_leaves_no_tensorboard_folder(runtime, tmp_path):
     with pytest.raises(UsageError, match=r"line 2: not JSON"):
         train(cfg, runtime)
     assert not (tmp_path / "out" / "tensorboard").exists()
+
+
+def test_nonfinite_weights_counts_each_tensor_holding_a_nan_or_inf_once():
+    """The count behind the divergence stop, by hand: one fused L1 norm per tensor (parallel.py)."""
+    from types import SimpleNamespace
+
+    from gpuval.finetune.parallel import Parallel
+
+    nan, inf = float("nan"), float("inf")
+    tensors = [
+        torch.randn(64, 8),  # finite
+        torch.tensor([1.0, nan, 2.0]),  # NaN
+        torch.tensor([[inf, 0.0], [1.0, 1.0]]),  # +inf
+        torch.tensor([-inf]),  # -inf
+        torch.empty(0),  # an empty shard (FSDP)
+        torch.tensor([nan, inf], dtype=torch.bfloat16),  # both in one tensor: still one
+        torch.full((1000,), 1e30),  # huge but finite: its L1 norm, 1e33, is finite too
+        torch.tensor([1.0, -nan], dtype=torch.float64),
+    ]
+    holder = SimpleNamespace(trainable=tensors, runtime=SimpleNamespace(device=torch.device("cpu")))
+    count = Parallel.nonfinite_weights(holder)
+    assert count.dtype == torch.float64 and count.dim() == 0
+    assert int(count) == 5
+    holder.trainable = [t for t in tensors if torch.isfinite(t).all()]
+    assert int(Parallel.nonfinite_weights(holder)) == 0
+    holder.trainable = []
+    assert int(Parallel.nonfinite_weights(holder)) == 0

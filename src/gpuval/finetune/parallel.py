@@ -86,11 +86,17 @@ class Parallel:
 
     def nonfinite_weights(self) -> torch.Tensor:
         """How many of this rank's adapter tensors (its shards under FSDP or ZeRO-3) hold a NaN or inf: a
-        0-d tensor on the device, so the check costs no host synchronisation of its own."""
+        0-d tensor on the device, so the check costs no host synchronisation of its own.
+
+        One fused multi-tensor L1 norm instead of an isfinite/all pair per tensor: Qwen2-7B's 224 adapter
+        tensors made about 1,100 tiny kernels per step, launched one by one while the GPU waited (2026-11-26
+        profile). A sum carries any NaN or inf into the norm; the only other way to a non-finite norm is a
+        tensor whose absolute values add up past float32's 3.4e38, which no weight that trains reaches."""
         local = [_local(p) for p in self.trainable]
         if not local:
             return torch.zeros((), dtype=torch.float64, device=self.runtime.device)
-        return torch.stack([torch.isfinite(t).all() for t in local]).logical_not().sum().double()
+        norms = torch._foreach_norm(local, ord=1)
+        return torch.stack(norms).isfinite().logical_not().sum().double()
 
     def adapter_state(self) -> dict[str, torch.Tensor]:
         """Trainable weights by name, complete, on the CPU (rank 0; other ranks may get an empty dict).
