@@ -15,6 +15,7 @@ from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.kernels import (  # noqa: E402
+    LastMlpRows,
     LossHead,
     flatten_for_varlen,
     label_rows,
@@ -183,9 +184,21 @@ def _cu(batch: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_file, tmp_path):  # noqa: F811
+def test_train_with_varlen_attention_matches_sdpa_step_for_step(
+    runtime, train_file, tmp_path, monkeypatch  # noqa: F811
+):
+    """Also the last MLP on labelled rows (varlen side) against every row (sdpa side): the loss is the same,
+    and the trainer sets the rows around each micro-batch and clears them after its backward."""
+    calls: list[int | None] = []
+    use = LastMlpRows.use
+
+    def recording(self, rows):
+        calls.append(None if rows is None else rows.numel())
+        use(self, rows)
+
+    monkeypatch.setattr(LastMlpRows, "use", recording)
     losses = {}
-    for attention in ("sdpa", "varlen"):
+    for attention, last_mlp_rows in (("sdpa", "all"), ("varlen", "labelled")):
         cfg = finetune_config_from_dict(
             config_dict(
                 train_file,
@@ -193,13 +206,17 @@ def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_f
                 max_steps=3,
                 micro_batch_size=2,
                 attention=attention,
+                last_mlp_rows=last_mlp_rows,
                 tensorboard=False,
             )
         )
         summary = train(cfg, runtime, save_adapter=False, quiet=True)
         assert summary["attention"] == attention and summary["kernels"] == "torch"
+        assert summary["last_mlp_rows"] == last_mlp_rows
         losses[attention] = [s["loss"] for s in summary["steps"]]
     assert losses["varlen"] == pytest.approx(losses["sdpa"], rel=1e-4)
+    # varlen side only: 3 steps x 2 micro-batches, each set to its labelled rows, then cleared
+    assert len(calls) == 12 and calls[1::2] == [None] * 6 and all(n and n > 1 for n in calls[::2])
 
 
 def test_device_defaults_and_settings_that_cannot_run_here():
@@ -221,3 +238,64 @@ def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install():
     assert unfused_note("auto", True, "liger-loss") is None  # Liger found: nothing to say
     assert unfused_note("auto", False, "torch") is None  # a CPU never fuses: nothing missing
     assert unfused_note("torch", True, "torch") is None  # chosen by the user
+
+
+@pytest.mark.parametrize("varlen", [False, True])  # rows of a micro-batch; packed rows flattened to one
+def test_last_mlp_on_labelled_rows_gives_the_same_loss_and_gradients_with_fewer_rows(varlen):
+    """Reference: the unmodified model. With the last layer's MLP on the labelled rows only, the loss and
+    every parameter's gradient (earlier layers' included) must not change, and the MLP must see only
+    those rows."""
+    packs = _packs(3000)
+    batch = collate(packs, 0, 128, with_mask=not varlen)
+    if varlen:
+        batch = flatten_for_varlen(batch)
+        batch.pop("segments", None)
+    rows, targets = label_rows(batch.pop("labels"))
+    assert 1 < rows.numel() < batch["input_ids"].numel()
+    results = []
+    for restrict in (False, True):
+        model = load_model("tiny", torch.float32)
+        if varlen:
+            use_varlen_attention(model)
+        seen: list[int] = []
+        mlp = model.model.layers[-1].mlp
+        mlp.down_proj.register_forward_hook(
+            lambda _m, args, _out, seen=seen: seen.append(args[0].shape[:-1].numel())
+        )
+        if restrict:
+            last = LastMlpRows.attach(list(model.model.layers))
+            assert last is not None
+            last.use(rows)
+        loss = LossHead.plain()(model(**batch).logits, rows, targets)
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads, seen))
+        if restrict:  # use(None): the whole MLP again, as evaluation needs
+            last.use(None)
+            model(**batch)
+            assert seen[-1] == batch["input_ids"].numel()
+    (loss_all, grads_all, seen_all), (loss_rows, grads_rows, seen_rows) = results
+    assert seen_all == [batch["input_ids"].numel()] and seen_rows[0] == rows.numel()
+    torch.testing.assert_close(loss_rows, loss_all, rtol=1e-6, atol=1e-5)
+    assert grads_rows.keys() == grads_all.keys() and "model.layers.0.mlp.up_proj.weight" in grads_all
+    for name, grad in grads_all.items():
+        torch.testing.assert_close(grads_rows[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_last_mlp_rows_attaches_to_dense_gated_mlps_only_and_runs_all_rows_below_two():
+    model = load_model("tiny", torch.float32)
+    layers = list(model.model.layers)
+    assert LastMlpRows.attach([torch.nn.Linear(2, 2)]) is None  # no MLP
+    assert LastMlpRows.attach([]) is None
+    last = LastMlpRows.attach(layers)
+    assert last is not None and layers[-1].mlp.forward == last.forward
+    assert layers[-2].mlp.forward != last.forward  # the last layer only
+    last.use(torch.tensor([3]))  # one row: compile would specialise the size, so every row runs
+    assert last.rows is None
+    last.use(torch.tensor([1, 4]))
+    x = torch.randn(1, 6, model.config.hidden_size)
+    out = layers[-1].mlp(x)
+    assert torch.equal(out[0, [0, 2, 3, 5]], torch.zeros(4, x.shape[-1]))  # unread rows: zeros
+    last.use(None)
+    torch.testing.assert_close(out[0, [1, 4]], layers[-1].mlp(x)[0, [1, 4]])
+

@@ -87,6 +87,9 @@ class TrainBenchOptions(BaseModel):
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
     )
+    last_mlp_rows: Literal["labelled", "all"] = Field(
+        "labelled", description="the last layer's MLP on the labelled rows only, or all (finetune)"
+    )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )
@@ -205,6 +208,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "fp8_input_grad": options.fp8_input_grad,
                     "fp8_exclude": options.fp8_exclude,
                     "fuse_qkv": options.fuse_qkv,
+                    "last_mlp_rows": options.last_mlp_rows,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
@@ -260,6 +264,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "compile": options.compile,
             "precision": summary["precision"],
             "fused_qkv": summary["fused_qkv"],  # what ran, after auto
+            "last_mlp_rows": summary["last_mlp_rows"],
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

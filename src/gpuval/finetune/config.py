@@ -157,6 +157,11 @@ class TrainSettings(_Strict):
         "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
         "in the layer); *.self_attn.* keeps every attention product in bf16 (finetune/fp8.py)",
     )
+    last_mlp_rows: Literal["labelled", "all"] = Field(
+        "labelled",
+        description="the last decoder layer's MLP on the rows the loss reads only (labelled), or on every "
+        "row (all); the loss and gradients are the same (finetune/kernels.py LastMlpRows)",
+    )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "

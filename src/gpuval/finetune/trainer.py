@@ -54,6 +54,7 @@ from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, excluded_linears, resolve_precision
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
+    LastMlpRows,
     LossHead,
     apply_liger,
     resolve_attention,
@@ -178,6 +179,7 @@ def train(
     # Counted in the model as it now is: fused q/k/v parts that run in FP8 count once each.
     fp8_linears = sum(isinstance(m, Fp8Linear) for layer in decoder_layers(model) for m in layer.modules())
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
+    last_mlp = LastMlpRows.attach(decoder_layers(model)) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in decoder_layers(model):
             layer.compile()
@@ -255,6 +257,8 @@ def train(
             keep = loss_head.fused is None and batch["input_ids"].shape[0] == 1
             if keep:
                 batch["logits_to_keep"] = rows
+            if last_mlp is not None:  # only the labelled rows' final hidden states are read below
+                last_mlp.use(rows)
             # Gradients are reduced across ranks only on the last micro-batch of the step.
             with parallel.accumulating(last=index == len(current.batches) - 1):
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
@@ -263,6 +267,8 @@ def train(
                     token_losses_sum = loss_head(model_out, None if keep else rows, targets)
                 # × world: the gradient reduction divides the summed gradients by the world size.
                 parallel.backward(token_losses_sum * world / label_tokens_on_device)
+            if last_mlp is not None:
+                last_mlp.use(None)
             loss_sum += token_losses_sum.detach().double()
         # The next step's batches, made and copied while the GPU still runs this one.
         upcoming = step_batches(step + 1) if step + 1 < last_step else None
@@ -360,6 +366,7 @@ def train(
         "compile": compiled,
         "precision": precision,
         "fused_qkv": fused_attention > 0,
+        "last_mlp_rows": "labelled" if last_mlp is not None else "all",
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
