@@ -34,6 +34,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "fused_loss": False,
         "precision": "bf16",
         "fused_qkv": False,
+        "fused_gate_up": False,
     }
 
 

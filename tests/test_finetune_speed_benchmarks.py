@@ -69,6 +69,8 @@ def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
     assert {"gpuval-fp8", "gpuval-unfused"} <= set(speed.VARIANTS)
     assert speed.VARIANTS["gpuval-fp8"] == {"precision": "fp8-base"}
     assert speed.VARIANTS["gpuval-unfused"] == {"fuse_qkv": False}
+    assert speed.VARIANTS["gpuval-unfused-mlp"] == {"fuse_gate_up": False}
+    assert "gpuval-unfused-mlp" not in speed.DEFAULT_VARIANTS
     assert set(speed.DEFAULT_VARIANTS) >= {"seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8"}
     script = str(REPO / "benchmarks" / "finetune_speed.py")
     code = (

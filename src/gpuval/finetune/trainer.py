@@ -17,8 +17,9 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py) and q/k/v as one
-product (`train.fuse_qkv`, fused_qkv.py).
+micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py), q/k/v as one
+product (`train.fuse_qkv`, fused_qkv.py) and the MLP's gate and up as one (`train.fuse_gate_up`,
+fused_mlp.py).
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -52,6 +53,7 @@ from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.fp8 import convert_frozen_linears, resolve_precision
+from gpuval.finetune.fused_mlp import fuse_gate_up, resolve_fuse_gate_up
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
     LossHead,
@@ -121,6 +123,7 @@ def train(
         t.precision, cfg.dtype, t.parallel, gpu_name, capability, t.fp8_fast_accum, t.fp8_input_grad
     )
     fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
+    fuse_mlp = resolve_fuse_gate_up(t.fuse_gate_up, runtime.on_gpu, t.parallel)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
@@ -162,6 +165,14 @@ def train(
             "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
             "and v_proj: set train.fuse_qkv=false"
         )
+    # Before the FP8 conversion: the fused gate/up quantises its concatenated weight itself, and its parts
+    # are no bare nn.Linear for convert_frozen_linears to quantise again.
+    fused_mlps = fuse_gate_up(model, fp8=fp8, **fp8_options) if fuse_mlp else 0
+    if t.fuse_gate_up is True and not fused_mlps:
+        raise UsageError(
+            "train.fuse_gate_up=true: no MLP has frozen gate_proj and up_proj without LoRA on them "
+            "(lora.target_modules): set train.fuse_gate_up=false"
+        )
     fp8_linears = convert_frozen_linears(decoder_layers(model), **fp8_options) if fp8 else 0
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
@@ -189,11 +200,12 @@ def train(
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {trainable_count:,} | precision {precision}"
         + (
-            f" ({fp8_linears} frozen linears{' and the fused q/k/v' if fused_attention else ''} in FP8)"
+            f" ({fp8_linears} frozen linears{_fused_in_fp8(fused_attention, fused_mlps)} in FP8)"
             if fp8_linears
             else ""
         )
         + (f" | q/k/v fused in {fused_attention} attention layers" if fused_attention else "")
+        + (f" | gate/up fused in {fused_mlps} MLPs" if fused_mlps else "")
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -345,6 +357,7 @@ def train(
         "compile": compiled,
         "precision": precision,
         "fused_qkv": fused_attention > 0,
+        "fused_gate_up": fused_mlps > 0,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -355,6 +368,11 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _fused_in_fp8(fused_attention: int, fused_mlps: int) -> str:
+    fused = [name for name, count in (("q/k/v", fused_attention), ("gate/up", fused_mlps)) if count]
+    return f" and the fused {' and '.join(fused)}" if fused else ""
 
 
 def _start_profiler(on_gpu: bool) -> Any:
