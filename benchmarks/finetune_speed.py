@@ -78,6 +78,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
+    "gpuval-unfused-mlp": {"fuse_gate_up": False},  # the MLP's two gate/up products: what fusing them buys
     "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
     "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
     "gpuval-fp8-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only

@@ -163,6 +163,7 @@ def run_training(args: argparse.Namespace, name: str, data: Path, output: Path) 
         "peak_memory_gib": summary["peak_memory_gib"],
         "compile": summary["compile"],
         "fused_qkv": summary["fused_qkv"],
+        "fused_gate_up": summary["fused_gate_up"],
         "kernels": summary["kernels"],
         "device": summary["device"],
     }

@@ -35,6 +35,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "precision": "bf16",
         "fused_qkv": False,
         "last_mlp_rows": "labelled",
+        "fused_gate_up": False,
     }
 
 

@@ -67,6 +67,7 @@ def test_shipped_configs_load_and_bad_ones_are_one_line(tmp_path, gpuval):
     assert (recipe.train.activation_checkpointing, recipe.train.compile) == ("auto", "auto")
     step = seeds.train
     assert (step.activation_checkpointing, step.compile, step.kernels) == (True, False, "torch")
+    assert (step.fuse_qkv, step.fuse_gate_up) == (False, False)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "trian": {}}))
     proc = gpuval(["finetune", "train", "--config", str(bad)], tmp_path)

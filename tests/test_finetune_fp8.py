@@ -405,3 +405,21 @@ def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
         message = str(caught.value)
         assert "\n" not in message and f"'{pattern}' matches no frozen linear" in message
     assert excluded_linears(layers, []) == frozenset()
+
+
+def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded():
+    from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up
+    from gpuval.finetune.parallel import decoder_layers
+
+    model = _lora_model()
+    layers = decoder_layers(model)
+    exclude = excluded_linears(layers, ["-1.mlp.up_proj"])  # one part of the last MLP
+    assert exclude == {id(layers[-1].mlp.up_proj)}
+    assert fuse_gate_up(model, fp8=True, exclude=exclude) == len(layers)
+    for index, layer in enumerate(layers):
+        parts = (layer.mlp.gate_proj, layer.mlp.up_proj)
+        assert all(type(p) is GateUpPart for p in parts)
+        base = parts[0].fused.base
+        assert type(base) is (torch.nn.Linear if index == len(layers) - 1 else Fp8Linear)
+    # the parts are no bare nn.Linear: the conversion after leaves them (and the excluded pair) alone
+    assert convert_frozen_linears(layers, exclude=exclude) == len(layers) * 5  # q, k, v, o and down

@@ -184,9 +184,7 @@ def _cu(batch: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_train_with_varlen_attention_matches_sdpa_step_for_step(
-    runtime, train_file, tmp_path, monkeypatch  # noqa: F811
-):
+def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_file, tmp_path, monkeypatch):  # noqa: F811, E501
     """Also the last MLP on labelled rows (varlen side) against every row (sdpa side): the loss is the same,
     and the trainer sets the rows around each micro-batch and clears them after its backward."""
     calls: list[int | None] = []
@@ -298,4 +296,3 @@ def test_last_mlp_rows_attaches_to_dense_gated_mlps_only_and_runs_all_rows_below
     assert torch.equal(out[0, [0, 2, 3, 5]], torch.zeros(4, x.shape[-1]))  # unread rows: zeros
     last.use(None)
     torch.testing.assert_close(out[0, [1, 4]], layers[-1].mlp(x)[0, [1, 4]])
-

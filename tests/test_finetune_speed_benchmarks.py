@@ -69,6 +69,8 @@ def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
     assert {"gpuval-fp8", "gpuval-unfused"} <= set(speed.VARIANTS)
     assert speed.VARIANTS["gpuval-fp8"] == {"precision": "fp8-base"}
     assert speed.VARIANTS["gpuval-unfused"] == {"fuse_qkv": False}
+    assert speed.VARIANTS["gpuval-unfused-mlp"] == {"fuse_gate_up": False}
+    assert "gpuval-unfused-mlp" not in speed.DEFAULT_VARIANTS
     assert set(speed.DEFAULT_VARIANTS) >= {"seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8"}
     script = str(REPO / "benchmarks" / "finetune_speed.py")
     code = (
@@ -178,14 +180,18 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
         n: fp8_loss.train_config(args, n, tmp_path / "train.jsonl", tmp_path / n) for n in fp8_loss.RUNS
     }
     parsed = {name: finetune_config_from_dict(config).train for name, config in configs.items()}
-    assert [(t.precision, t.fp8_fast_accum, t.fp8_input_grad) for t in parsed.values()] == [
-        ("bf16", False, True),
-        ("fp8-base", False, True),
-        ("fp8-base", True, True),
-        ("fp8-base", False, False),
+    edges = ["0.*", "1.*", "-2.*", "-1.*"]
+    assert [(t.precision, t.fp8_fast_accum, t.fp8_input_grad, t.fp8_exclude) for t in parsed.values()] == [
+        ("bf16", False, True, []),
+        ("fp8-base", False, True, []),
+        ("fp8-base", True, True, []),
+        ("fp8-base", False, False, []),
+        ("fp8-base", False, True, ["*.self_attn.*"]),
+        ("fp8-base", False, True, edges),
+        ("fp8-base", False, True, ["*.mlp.down_proj"]),
     ]
     for config in configs.values():
-        for key in ("precision", "fp8_fast_accum", "fp8_input_grad"):
+        for key in ("precision", "fp8_fast_accum", "fp8_input_grad", "fp8_exclude"):
             config["train"].pop(key, None)
         config["output"] = None
     bf16, *others = configs.values()

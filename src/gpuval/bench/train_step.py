@@ -9,7 +9,8 @@ CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a 
 On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 3, varlen
 attention (cuDNN's causal kernel for whole-document rows on Hopper), Liger's fused linear +
 cross-entropy, compiled decoder layers, q/k/v fused, no activation checkpointing;
-`--set compile=false`, `kernels=torch`, `attention=sdpa`, `fuse_qkv=false`, `activation_checkpointing=true`
+`--set compile=false`, `kernels=torch`, `attention=sdpa`, `fuse_qkv=false`, `fuse_gate_up=false`,
+`activation_checkpointing=true`
 take them away, and `--set precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
 
 - `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
@@ -89,6 +90,9 @@ class TrainBenchOptions(BaseModel):
     )
     last_mlp_rows: Literal["labelled", "all"] = Field(
         "labelled", description="the last layer's MLP on the labelled rows only, or all (finetune)"
+    )
+    fuse_gate_up: bool | Literal["auto"] = Field(
+        "auto", description="the MLP's gate and up as one product (finetune); auto: on a GPU under ddp"
     )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
@@ -209,6 +213,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "fp8_exclude": options.fp8_exclude,
                     "fuse_qkv": options.fuse_qkv,
                     "last_mlp_rows": options.last_mlp_rows,
+                    "fuse_gate_up": options.fuse_gate_up,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
@@ -265,6 +270,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "precision": summary["precision"],
             "fused_qkv": summary["fused_qkv"],  # what ran, after auto
             "last_mlp_rows": summary["last_mlp_rows"],
+            "fused_gate_up": summary["fused_gate_up"],
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

@@ -167,6 +167,11 @@ class TrainSettings(_Strict):
         description="q, k and v with their LoRA adapters as one product and one dropout mask "
         "(finetune/fused_qkv.py); auto: on a GPU under ddp",
     )
+    fuse_gate_up: bool | Literal["auto"] = Field(
+        "auto",
+        description="the MLP's frozen gate and up projections as one product over their concatenated "
+        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under ddp",
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,

@@ -135,7 +135,7 @@ def fuse_qkv(
         if adapter is None:
             continue
         kept_bf16 = any(id(p.get_base_layer()) in exclude for p in parts)
-        base = _concatenate(parts)
+        base = concatenate_linears([p.get_base_layer() for p in parts])
         if fp8 and fits_fp8(base) and not kept_bf16:
             base = Fp8Linear.from_linear(base, fast_accum, input_grad_fp8)
         fused = FusedQKV(parts, adapter, base)
@@ -176,8 +176,8 @@ def _dropout_p(module: torch.nn.Module) -> float:
     return float(getattr(module, "p", 0.0))  # nn.Identity when PEFT's dropout is 0
 
 
-def _concatenate(parts: list[Any]) -> torch.nn.Linear:
-    bases = [p.get_base_layer() for p in parts]
+def concatenate_linears(bases: list[torch.nn.Linear]) -> torch.nn.Linear:
+    """One frozen linear layer whose output rows are those of `bases` in order (also fused_mlp.py's)."""
     weight = torch.cat([b.weight.detach() for b in bases])
     out_features, in_features = weight.shape
     base = torch.nn.Linear(in_features, out_features, bias=bases[0].bias is not None, device="meta")

@@ -17,8 +17,9 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py) and q/k/v as one
-product (`train.fuse_qkv`, fused_qkv.py).
+micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py), q/k/v as one
+product (`train.fuse_qkv`, fused_qkv.py) and the MLP's gate and up as one (`train.fuse_gate_up`,
+fused_mlp.py).
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -52,6 +53,7 @@ from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, excluded_linears, resolve_precision
+from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up, resolve_fuse_gate_up
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
     LastMlpRows,
@@ -129,6 +131,7 @@ def train(
         t.fp8_exclude,
     )
     fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
+    fuse_mlp = resolve_fuse_gate_up(t.fuse_gate_up, runtime.on_gpu, t.parallel)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
@@ -174,10 +177,17 @@ def train(
             "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
             "and v_proj: set train.fuse_qkv=false"
         )
+    # Before the FP8 conversion: the fused gate/up quantises its concatenated weight itself, and its parts
+    # are no bare nn.Linear for convert_frozen_linears to quantise again.
+    fused_mlps = fuse_gate_up(model, fp8=fp8, **fp8_options) if fuse_mlp else 0
+    if t.fuse_gate_up is True and not fused_mlps:
+        raise UsageError(
+            "train.fuse_gate_up=true: no MLP has frozen gate_proj and up_proj without LoRA on them "
+            "(lora.target_modules): set train.fuse_gate_up=false"
+        )
     if fp8:
         convert_frozen_linears(decoder_layers(model), **fp8_options)
-    # Counted in the model as it now is: fused q/k/v parts that run in FP8 count once each.
-    fp8_linears = sum(isinstance(m, Fp8Linear) for layer in decoder_layers(model) for m in layer.modules())
+    fp8_linears = _products_in_fp8(decoder_layers(model))
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
     last_mlp = LastMlpRows.attach(decoder_layers(model)) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
@@ -211,6 +221,7 @@ def train(
             else ""
         )
         + (f" | q/k/v fused in {fused_attention} attention layers" if fused_attention else "")
+        + (f" | gate/up fused in {fused_mlps} MLPs" if fused_mlps else "")
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -367,6 +378,7 @@ def train(
         "precision": precision,
         "fused_qkv": fused_attention > 0,
         "last_mlp_rows": "labelled" if last_mlp is not None else "all",
+        "fused_gate_up": fused_mlps > 0,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -377,6 +389,16 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _products_in_fp8(layers: list[torch.nn.Module]) -> int:
+    """Frozen linears whose products run in FP8, counted in the layers as they now are: the parts of a
+    fused q/k/v or gate/up count one each, as the linears they replace."""
+    return sum(
+        isinstance(m, Fp8Linear) or (isinstance(m, GateUpPart) and isinstance(m.fused.base, Fp8Linear))
+        for layer in layers
+        for m in layer.modules()
+    )
 
 
 def _start_profiler(on_gpu: bool) -> Any:
