@@ -78,13 +78,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
-    "gpuval-unfused-mlp": {"fuse_gate_up": False},  # the MLP's two gate/up products: what fusing them buys
+    "gpuval-fused-mlp": {"fuse_gate_up": True},  # the MLP's gate/up as one product (off by default: slower)
     "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
     "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
     "gpuval-fp8-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only
     "gpuval-fp8-attn-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.self_attn.*"]},  # fp8_loss.py's
     "gpuval-fp8-edges-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "1.*", "-2.*", "-1.*"]},
     "gpuval-fp8-down-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.mlp.down_proj"]},
+    "gpuval-fp8-ends-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "-1.*"]},
 }
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")

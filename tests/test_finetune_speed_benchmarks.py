@@ -69,8 +69,8 @@ def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
     assert {"gpuval-fp8", "gpuval-unfused"} <= set(speed.VARIANTS)
     assert speed.VARIANTS["gpuval-fp8"] == {"precision": "fp8-base"}
     assert speed.VARIANTS["gpuval-unfused"] == {"fuse_qkv": False}
-    assert speed.VARIANTS["gpuval-unfused-mlp"] == {"fuse_gate_up": False}
-    assert "gpuval-unfused-mlp" not in speed.DEFAULT_VARIANTS
+    assert speed.VARIANTS["gpuval-fused-mlp"] == {"fuse_gate_up": True}
+    assert "gpuval-fused-mlp" not in speed.DEFAULT_VARIANTS
     assert set(speed.DEFAULT_VARIANTS) >= {"seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8"}
     script = str(REPO / "benchmarks" / "finetune_speed.py")
     code = (
@@ -189,6 +189,7 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
         ("fp8-base", False, True, ["*.self_attn.*"]),
         ("fp8-base", False, True, edges),
         ("fp8-base", False, True, ["*.mlp.down_proj"]),
+        ("fp8-base", False, True, ["0.*", "-1.*"]),
     ]
     for config in configs.values():
         for key in ("precision", "fp8_fast_accum", "fp8_input_grad", "fp8_exclude"):

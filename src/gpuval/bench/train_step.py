@@ -92,7 +92,7 @@ class TrainBenchOptions(BaseModel):
         "labelled", description="the last layer's MLP on the labelled rows only, or all (finetune)"
     )
     fuse_gate_up: bool | Literal["auto"] = Field(
-        "auto", description="the MLP's gate and up as one product (finetune); auto: on a GPU under ddp"
+        False, description="the MLP's gate and up as one product (finetune; off: measured slower)"
     )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"

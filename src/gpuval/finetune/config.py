@@ -168,9 +168,11 @@ class TrainSettings(_Strict):
         "(finetune/fused_qkv.py); auto: on a GPU under ddp",
     )
     fuse_gate_up: bool | Literal["auto"] = Field(
-        "auto",
+        False,
         description="the MLP's frozen gate and up projections as one product over their concatenated "
-        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under ddp",
+        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under "
+        "ddp. Off by default: 0.7 % slower than two products in the bf16 step on one H100 "
+        "(benchmarks/NOTES.md)",
     )
     profile_steps: StrictInt = Field(
         0,
