@@ -79,7 +79,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
     "gpuval-fused-mlp": {"fuse_gate_up": True},  # the MLP's gate/up as one product (off by default: slower)
-    "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper)
+    "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper), as shipped
+    "gpuval-fp8-all": {"precision": "fp8-base", "fp8_exclude": []},  # every one, the first and last layer too
     "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
     "gpuval-fp8-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only
     "gpuval-fp8-attn-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.self_attn.*"]},  # fp8_loss.py's

@@ -179,9 +179,10 @@ def _lora_model(dtype: torch.dtype = torch.bfloat16):
 def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
     gpu = ("NVIDIA H100 80GB HBM3", (9, 0))
     for fast, input_grad, exclude, named in (
-        (True, True, (), "fp8_fast_accum"),
-        (False, False, (), "fp8_input_grad"),
+        (True, True, None, "fp8_fast_accum"),
+        (False, False, None, "fp8_input_grad"),
         (False, True, ("*.mlp.*",), "fp8_exclude"),
+        (False, True, (), "fp8_exclude"),  # every product in FP8: still an FP8 setting
     ):
         with pytest.raises(UsageError) as caught:
             resolve_precision(
@@ -423,3 +424,21 @@ def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded(
         assert type(base) is (torch.nn.Linear if index == len(layers) - 1 else Fp8Linear)
     # the parts are no bare nn.Linear: the conversion after leaves them (and the excluded pair) alone
     assert convert_frozen_linears(layers, exclude=exclude) == len(layers) * 5  # q, k, v, o and down
+
+
+def test_fp8_exclude_unset_keeps_the_first_and_last_layer_in_bf16_and_empty_keeps_none():
+    from gpuval.finetune.fp8 import DEFAULT_EXCLUDE, resolve_exclude
+    from gpuval.finetune.parallel import decoder_layers
+
+    assert resolve_exclude(None) == DEFAULT_EXCLUDE == ("0.*", "-1.*")
+    assert resolve_exclude([]) == () and resolve_exclude(["*.mlp.*"]) == ("*.mlp.*",)
+    layers = decoder_layers(_lora_model())
+    default = excluded_linears(layers, resolve_exclude(None))
+    frozen = {
+        id(m)
+        for layer in (layers[0], layers[-1])
+        for m in layer.modules()
+        if type(m) is torch.nn.Linear and not m.weight.requires_grad
+    }
+    assert default == frozen and len(frozen) == 2 * 7  # q, k, v, o (their base layers), gate, up, down
+    assert convert_frozen_linears(layers, exclude=default) == (len(layers) - 2) * 7

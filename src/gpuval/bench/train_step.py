@@ -82,8 +82,9 @@ class TrainBenchOptions(BaseModel):
         False, description="fp8-base: fast FP8 accumulation in the forward (finetune)"
     )
     fp8_input_grad: bool = Field(True, description="fp8-base: input gradients in FP8 too (finetune)")
-    fp8_exclude: list[str] = Field(
-        default_factory=list, description="fp8-base: linears kept in bf16, glob patterns (finetune)"
+    fp8_exclude: list[str] | None = Field(
+        None,
+        description="fp8-base: linears kept in bf16, glob patterns; unset: first and last layer (finetune)",
     )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"

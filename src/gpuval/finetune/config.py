@@ -151,11 +151,12 @@ class TrainSettings(_Strict):
         description="fp8-base: the input-gradient products in FP8 too; false: in bf16 against the original "
         "weights (slower, one more byte per weight; benchmarks/NOTES.md)",
     )
-    fp8_exclude: list[str] = Field(
-        default_factory=list,
+    fp8_exclude: list[str] | None = Field(
+        None,
         description="fp8-base: frozen linears kept in bf16, as glob patterns over names such as "
         "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
-        "in the layer); *.self_attn.* keeps every attention product in bf16 (finetune/fp8.py)",
+        "in the layer); unset: the first and last layer ['0.*', '-1.*'], which keep the loss within 1 % of "
+        "bf16's (benchmarks/NOTES.md); []: every product in FP8 (finetune/fp8.py)",
     )
     last_mlp_rows: Literal["labelled", "all"] = Field(
         "labelled",

@@ -52,7 +52,13 @@ from gpuval.finetune.checkpoint import (
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
-from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, excluded_linears, resolve_precision
+from gpuval.finetune.fp8 import (
+    Fp8Linear,
+    convert_frozen_linears,
+    excluded_linears,
+    resolve_exclude,
+    resolve_precision,
+)
 from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up, resolve_fuse_gate_up
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
@@ -169,7 +175,9 @@ def train(
     fp8_options = {
         "fast_accum": t.fp8_fast_accum,
         "input_grad_fp8": t.fp8_input_grad,
-        "exclude": excluded_linears(decoder_layers(model), t.fp8_exclude) if fp8 else frozenset(),
+        "exclude": excluded_linears(decoder_layers(model), resolve_exclude(t.fp8_exclude))
+        if fp8
+        else frozenset(),
     }
     fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
     if t.fuse_qkv is True and not fused_attention:
