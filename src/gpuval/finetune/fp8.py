@@ -261,6 +261,20 @@ def fits_fp8(linear: torch.nn.Linear) -> bool:
     return linear.in_features % ALIGNMENT == 0 and linear.out_features % ALIGNMENT == 0
 
 
+def fused_base(
+    linear: torch.nn.Linear,
+    fp8: bool,
+    kept_bf16: bool,
+    fast_accum: bool = False,
+    input_grad_fp8: bool = True,
+) -> torch.nn.Module:
+    """A fused layer's concatenated base (fused_qkv, fused_mlp): an `Fp8Linear` of `linear` when `fp8` is on,
+    its shape fits `_scaled_mm` and none of its parts is kept in bf16 (`train.fp8_exclude`); else `linear`."""
+    if fp8 and fits_fp8(linear) and not kept_bf16:
+        return Fp8Linear.from_linear(linear, fast_accum, input_grad_fp8)
+    return linear
+
+
 def _frozen_linear(module: torch.nn.Module) -> bool:
     return type(module) is torch.nn.Linear and not module.weight.requires_grad
 

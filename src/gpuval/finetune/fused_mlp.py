@@ -1,4 +1,5 @@
-"""The MLP's gate and up projections as one product (`train.fuse_gate_up`).
+"""The MLP's gate and up projections as one product (`train.fuse_gate_up`, off by default: on one H100 it
+made the bf16 step 0.7 % slower and the FP8 step about 4 % slower, benchmarks/NOTES.md items 9 and 10).
 
 transformers' Qwen2MLP (and Llama-style MLPs, and Liger's SwiGLU MLP) compute
 `down_proj(act(gate_proj(x)) * up_proj(x))`: two products over the same input. With LoRA on attention only
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError
-from gpuval.finetune.fp8 import Fp8Linear, fits_fp8
+from gpuval.finetune.fp8 import fused_base
 from gpuval.finetune.fused_qkv import concatenate_linears
 
 PROJECTIONS = ("gate_proj", "up_proj")
@@ -126,9 +127,8 @@ def fuse_gate_up(
             continue
         gate, up = parts
         concatenated = concatenate_linears([gate, up])
-        base: torch.nn.Module = concatenated
-        if fp8 and fits_fp8(concatenated) and not any(id(p) in exclude for p in parts):
-            base = Fp8Linear.from_linear(concatenated, fast_accum, input_grad_fp8)
+        kept_bf16 = any(id(p) in exclude for p in parts)
+        base = fused_base(concatenated, fp8, kept_bf16, fast_accum, input_grad_fp8)
         width = gate.out_features
         fused = FusedGateUp(base, width)
         keep = base is concatenated  # FP8: the bf16 weights go, as fp8.convert_frozen_linears does

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
-from gpuval.finetune.fp8 import Fp8Linear, fits_fp8
+from gpuval.finetune.fp8 import Fp8Linear, fused_base
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 IDLE, Q_DONE, K_DONE = 0, 1, 2  # where an attention layer's q, k, v calls stand
@@ -135,9 +135,8 @@ def fuse_qkv(
         if adapter is None:
             continue
         kept_bf16 = any(id(p.get_base_layer()) in exclude for p in parts)
-        base = concatenate_linears([p.get_base_layer() for p in parts])
-        if fp8 and fits_fp8(base) and not kept_bf16:
-            base = Fp8Linear.from_linear(base, fast_accum, input_grad_fp8)
+        concatenated = concatenate_linears([p.get_base_layer() for p in parts])
+        base = fused_base(concatenated, fp8, kept_bf16, fast_accum, input_grad_fp8)
         fused = FusedQKV(parts, adapter, base)
         start = 0
         for part, width in zip(parts, fused.widths, strict=True):

@@ -172,12 +172,11 @@ def train(
     model.to(device)
     # After the move (the concatenated and FP8 weights are made on the device), before compiling.
     fp8 = precision == "fp8-base"
+    layers = decoder_layers(model)  # the fusions below replace modules inside them, never the layers
     fp8_options = {
         "fast_accum": t.fp8_fast_accum,
         "input_grad_fp8": t.fp8_input_grad,
-        "exclude": excluded_linears(decoder_layers(model), resolve_exclude(t.fp8_exclude))
-        if fp8
-        else frozenset(),
+        "exclude": excluded_linears(layers, resolve_exclude(t.fp8_exclude)) if fp8 else frozenset(),
     }
     fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
     if t.fuse_qkv is True and not fused_attention:
@@ -194,12 +193,12 @@ def train(
             "(lora.target_modules): set train.fuse_gate_up=false"
         )
     if fp8:
-        convert_frozen_linears(decoder_layers(model), **fp8_options)
-    fp8_linears = _products_in_fp8(decoder_layers(model))
+        convert_frozen_linears(layers, **fp8_options)
+    fp8_linears = _products_in_fp8(layers)
     loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
-    last_mlp = LastMlpRows.attach(decoder_layers(model)) if t.last_mlp_rows == "labelled" else None
+    last_mlp = LastMlpRows.attach(layers) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
-        for layer in decoder_layers(model):
+        for layer in layers:
             layer.compile()
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
     parallel = make_parallel(t.parallel, model, cfg, runtime, dtype)
