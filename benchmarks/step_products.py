@@ -1,0 +1,265 @@
+"""Issue 23: the 7B LoRA step's largest products and kernels, timed alone in the ways they could be run.
+
+    python benchmarks/step_products.py --output products.json      # on a GPU machine
+
+The bf16 step (benchmarks/finetune_speed.py's `gpuval`) spends 74 % of its kernel time in matrix products
+(the profile in results/2026-11-26-h100x1-finetune-profile-final/). There, the products whose output is
+the hidden size (3,584 columns: the MLP's down projection, and the gate and up projections' input
+gradients) ran 6-10 % slower than the products of the same FLOPs whose output is the MLP's 18,944 columns.
+A likely cause is wave quantisation: 12,288 rows x 3,584 columns in cuBLAS's 192 x 192 tiles are 1,216
+tiles, 9.2 waves of 132 SMs, so the tenth wave runs a fifth full. This script times each such product
+alone, beside other ways to run the same arithmetic:
+
+- `gate_up_input_grad`: d(x) = d(gate) @ W_gate + d(up) @ W_up as the trainer's autograd runs it (two
+  products and an add), as one batched product over the stacked pair (`bmm` then a sum: twice the tiles in
+  one launch, so one partial wave instead of two), as one product over the concatenated pair (K = 37,888,
+  what `train.fuse_gate_up` does) and as two products on two CUDA streams;
+- `gate_up_forward`: two products, one broadcast batched product over the stacked pair, one concatenated
+  product;
+- `down_forward`: F.linear, with cuBLASLt preferred, and transposed (W @ h^T);
+- `lm_head`: Liger's fused loss computes the logits in chunks of 256 labelled rows here; the logits product
+  and its input gradient for chunks of 256 to 4,096 rows, as TFLOP/s;
+- `norm_dropout`: the compiled RMSNorm with the residual add, with and without LoRA's dropout on its
+  output (what the dropout costs in the kernel that makes it).
+
+Each timing: warm-up, then `--windows` windows of `--reps` back-to-back launches between two CUDA events;
+the median window's mean per launch, with the min and max windows. Inputs are random normal bf16 (non-zero)
+at the shapes of Qwen2-7B (hidden 3,584, MLP 18,944, vocabulary 152,064) with `--rows` rows (micro-batch 3
+x 4,096). Output JSON: each variant's ms per launch and TFLOP/s (2 x M x N x K over the median time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from finetune_speed import git_commit  # noqa: E402
+
+HIDDEN, MLP, VOCAB = 3584, 18944, 152064
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=Path("step-products.json"))
+    parser.add_argument("--rows", type=int, default=3 * 4096)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--parts", default=",".join(PARTS))
+    args = parser.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("step_products.py times CUDA kernels: run it on a GPU machine")
+    torch.manual_seed(0)
+    results: dict[str, Any] = {}
+    for part in args.parts.split(","):
+        if part not in PARTS:
+            raise SystemExit(f"unknown part {part!r}; known: {', '.join(PARTS)}")
+        results[part] = PARTS[part](args)
+        write(args, results)
+        print(json.dumps({part: results[part]}, indent=1), flush=True)
+    return 0
+
+
+def write(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    import torch
+
+    report = {
+        "schema": "gpuval.bench.step_products/v1",
+        "command": "python " + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0),
+        "gpuval_commit": git_commit(),
+        "settings": {"rows": args.rows, "reps": args.reps, "windows": args.windows},
+        "parts": results,
+    }
+    args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def timed(fn: Callable[[], Any], args: argparse.Namespace, flops: float | None = None) -> dict[str, Any]:
+    """Median over windows of the mean ms per launch, each window `reps` back-to-back launches."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    windows = []
+    for _ in range(args.windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.reps):
+            fn()
+        end.record()
+        end.synchronize()
+        windows.append(start.elapsed_time(end) / args.reps)
+    median = statistics.median(windows)
+    out: dict[str, Any] = {"ms": median, "ms_min": min(windows), "ms_max": max(windows)}
+    if flops:
+        out["tflops"] = flops / (median / 1e3) / 1e12
+    return out
+
+
+def _randn(*shape: int) -> Any:
+    import torch
+
+    return torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+
+
+def gate_up_input_grad(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    m = args.rows
+    d_gu = _randn(2, m, MLP)
+    w_gu = _randn(2, MLP, HIDDEN) / MLP**0.5
+    d_cat = torch.cat([d_gu[0], d_gu[1]], dim=1)
+    w_cat = torch.cat([w_gu[0], w_gu[1]], dim=0)
+    flops = 2 * 2 * m * MLP * HIDDEN
+    side = torch.cuda.Stream()
+
+    def two_products() -> Any:
+        return torch.mm(d_gu[0], w_gu[0]) + torch.mm(d_gu[1], w_gu[1])
+
+    def one_product_each() -> Any:  # the two products alone, without the add
+        torch.mm(d_gu[0], w_gu[0])
+        return torch.mm(d_gu[1], w_gu[1])
+
+    def batched() -> Any:
+        return torch.bmm(d_gu, w_gu).sum(0)
+
+    def batched_alone() -> Any:
+        return torch.bmm(d_gu, w_gu)
+
+    def concatenated() -> Any:
+        return torch.mm(d_cat, w_cat)
+
+    def two_streams() -> Any:
+        side.wait_stream(torch.cuda.current_stream())
+        first = torch.mm(d_gu[0], w_gu[0])
+        with torch.cuda.stream(side):
+            second = torch.mm(d_gu[1], w_gu[1])
+        torch.cuda.current_stream().wait_stream(side)
+        return first + second
+
+    out = {
+        "two_products_and_add": timed(two_products, args, flops),
+        "two_products_alone": timed(one_product_each, args, flops),
+        "bmm_and_sum": timed(batched, args, flops),
+        "bmm_alone": timed(batched_alone, args, flops),
+        "concatenated_k": timed(concatenated, args, flops),
+        "two_streams_and_add": timed(two_streams, args, flops),
+    }
+    reference = two_products()
+    out["bmm_max_abs_diff"] = float((batched() - reference).abs().max())
+    out["reference_max_abs"] = float(reference.abs().max())
+    return out
+
+
+def gate_up_forward(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    m = args.rows
+    x = _randn(m, HIDDEN)
+    w_gu = _randn(2, MLP, HIDDEN) / HIDDEN**0.5
+    w_cat = torch.cat([w_gu[0], w_gu[1]], dim=0)
+    flops = 2 * 2 * m * MLP * HIDDEN
+
+    def two() -> Any:
+        F.linear(x, w_gu[0])
+        return F.linear(x, w_gu[1])
+
+    return {
+        "two_products": timed(two, args, flops),
+        "broadcast_bmm": timed(lambda: torch.matmul(x, w_gu.mT), args, flops),
+        "concatenated_n": timed(lambda: F.linear(x, w_cat), args, flops),
+    }
+
+
+def down_forward(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    m = args.rows
+    h = _randn(m, MLP)
+    w = _randn(HIDDEN, MLP) / MLP**0.5
+    dy = _randn(m, HIDDEN)
+    flops = 2 * m * MLP * HIDDEN
+    out = {
+        "linear": timed(lambda: F.linear(h, w), args, flops),
+        "transposed": timed(lambda: torch.mm(w, h.t()), args, flops),
+        "input_grad_reference": timed(lambda: torch.mm(dy, w), args, flops),  # output 18,944 columns
+    }
+    previous = torch.backends.cuda.preferred_blas_library()
+    try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        out["linear_cublaslt"] = timed(lambda: F.linear(h, w), args, flops)
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
+    return out
+
+
+def lm_head(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    w = _randn(VOCAB, HIDDEN) / HIDDEN**0.5
+    out = {}
+    for chunk in (256, 512, 1024, 2048, 4096):
+        x = _randn(chunk, HIDDEN)
+        d_logits = _randn(chunk, VOCAB)
+        flops = 2 * chunk * VOCAB * HIDDEN
+        out[str(chunk)] = {
+            "logits": timed(lambda x=x: F.linear(x, w), args, flops),
+            "input_grad": timed(lambda d_logits=d_logits: torch.mm(d_logits, w), args, flops),
+        }
+    return out
+
+
+def norm_dropout(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    m = args.rows
+    residual, delta = _randn(m, HIDDEN), _randn(m, HIDDEN)
+    weight = _randn(HIDDEN)
+
+    def norm(residual: Any, delta: Any) -> Any:
+        hidden = residual + delta
+        variance = hidden.float().pow(2).mean(-1, keepdim=True)
+        return hidden, weight * (hidden.float() * torch.rsqrt(variance + 1e-6)).to(hidden.dtype)
+
+    def norm_and_dropout(residual: Any, delta: Any) -> Any:
+        hidden, normed = norm(residual, delta)
+        return hidden, normed, torch.nn.functional.dropout(normed, 0.05, training=True)
+
+    plain = torch.compile(norm)
+    with_dropout = torch.compile(norm_and_dropout)
+    return {
+        "norm": timed(lambda: plain(residual, delta), args),
+        "norm_and_dropout": timed(lambda: with_dropout(residual, delta), args),
+    }
+
+
+PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+    "gate_up_input_grad": gate_up_input_grad,
+    "gate_up_forward": gate_up_forward,
+    "down_forward": down_forward,
+    "lm_head": lm_head,
+    "norm_dropout": norm_dropout,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
