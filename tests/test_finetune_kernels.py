@@ -148,6 +148,30 @@ def test_varlen_attention_keeps_documents_apart():
     assert not torch.allclose(after[0, 37:42], before[0, 37:42])
 
 
+def test_varlen_attention_makes_transformers_skip_its_packed_sequence_check(monkeypatch):
+    """transformers' packed-sequence check ends in `if tensor.all()`, a host wait for the GPU at every
+    forward; the varlen implementation needs no mask, so the check must not run, packed or whole rows."""
+    from transformers import masking_utils
+
+    def refuse(_position_ids):
+        raise AssertionError("find_packed_sequence_indices ran")
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", refuse)
+    model = load_model("tiny", torch.float32)
+    model.config.use_cache = False  # as the trainer runs it: no KV cache
+    use_varlen_attention(model)
+    for whole_rows, packs in ((False, _packs(3000)), (True, _whole_packs(3000))):
+        batch = flatten_for_varlen(
+            collate(packs, 0, 128 if not whole_rows else 64, with_mask=False), whole_rows=whole_rows
+        )
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], **_cu(batch))
+    sdpa = load_model("tiny", torch.float32)  # the check is real: SDPA with position ids runs it
+    sdpa.config.use_cache = False
+    batch = flatten_for_varlen(collate(_packs(3000), 0, 128, with_mask=False))
+    with pytest.raises(AssertionError, match="find_packed_sequence_indices ran"):
+        sdpa(input_ids=batch["input_ids"], position_ids=batch["position_ids"])
+
+
 def _whole_packs(vocab: int, length: int = 64) -> list[Pack]:
     """Two packs that are one document each, filling the row (fixed-length data)."""
     return _packs(vocab, ((length,), (length,)))

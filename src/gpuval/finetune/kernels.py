@@ -7,9 +7,10 @@ Attention (`train.attention`)
 - `varlen`: each micro-batch is flattened to one row and attention runs per document through
   `torch.nn.attention.varlen.varlen_attn` (PyTorch's flash-attention varlen kernel, CUDA only), with
   `cu_seq_lens` built from the restarting position ids (packing.varlen_kwargs). No mask exists at all. It is
-  registered with transformers as the attention implementation `gpuval_varlen` (AttentionInterface), with a
-  mask function that makes no mask (AttentionMaskInterface). On a CPU the same function runs SDPA once per
-  document, so the plumbing is tested where there is no GPU.
+  registered with transformers as the attention implementation `gpuval_varlen` (AttentionInterface) and
+  with no mask function: transformers then makes no mask and skips its packed-sequence check, whose
+  `if tensor.all()` made the host wait for the GPU at every micro-batch's start. On a CPU the same
+  function runs SDPA once per document, so the plumbing is tested where there is no GPU.
 - `auto`: varlen, on a GPU and on a CPU (there per-document SDPA skips the masked-out work: faster).
 
 Rows that hold one whole document each (`train.row_kernel`): fixed-length data (`bench train` mode fixed)
@@ -91,7 +92,6 @@ def resolve_row_kernel(setting: str, on_gpu: bool) -> str:
 @functools.cache
 def _register_varlen() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     global _VARLEN_CAUSAL, _VARLEN_GQA, _VARLEN_NATIVE_GQA
     if _varlen_attn() is not None:
@@ -101,8 +101,10 @@ def _register_varlen() -> None:
         _VARLEN_GQA = "enable_gqa" in parameters
         if not _VARLEN_GQA and torch.cuda.is_available():
             _VARLEN_NATIVE_GQA = _native_gqa(torch.device("cuda", torch.cuda.current_device()))
+    # No AttentionMaskInterface entry: for an implementation without one, create_causal_mask returns None
+    # at once. With one (even a function making no mask) it first runs find_packed_sequence_indices on the
+    # position ids, whose data-dependent `if` synchronises the host with the GPU at every forward.
     AttentionInterface.register(VARLEN, varlen_attention)
-    AttentionMaskInterface.register(VARLEN, _no_mask)
 
 
 # Set once by _register_varlen (plain globals, so that torch.compile traces varlen_attention without breaks).
@@ -111,10 +113,6 @@ _VARLEN_GQA = False
 _VARLEN_NATIVE_GQA = False
 _ROW_KERNEL = "varlen"  # use_varlen_attention: SDPA backend of whole-document rows
 _CUDNN_GQA = False  # whether cuDNN's SDPA takes fewer K/V heads than query heads (enable_gqa)
-
-
-def _no_mask(*_args: Any, **_kwargs: Any) -> None:
-    return None  # documents are separated by cu_seq_lens, not by a mask
 
 
 @functools.cache

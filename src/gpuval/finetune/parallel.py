@@ -76,13 +76,14 @@ class Parallel:
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
-    def step(self, grad_clip: float) -> float:
-        """Clip (0: no clipping, norm still measured), optimizer and schedule step; the global grad norm."""
+    def step(self, grad_clip: float) -> torch.Tensor | float:
+        """Clip (0: no clipping, norm still measured), optimizer and schedule step; the global grad norm, as
+        a device tensor (reading it would make the host wait for the step: the trainer reads it later)."""
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, grad_clip if grad_clip > 0 else float("inf"))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(_full(norm))
+        return _full(norm)
 
     def nonfinite_weights(self) -> torch.Tensor:
         """How many of this rank's adapter tensors (its shards under FSDP or ZeRO-3) hold a NaN or inf: a
@@ -231,7 +232,7 @@ class DeepSpeed(Parallel):
     def lr(self) -> float:
         return self._step_lr
 
-    def step(self, grad_clip: float) -> float:
+    def step(self, grad_clip: float) -> torch.Tensor | float:
         norm = self.engine.get_global_grad_norm()  # clipping happened in the engine (gradient_clipping)
         return float(norm) if norm is not None else float("nan")
 

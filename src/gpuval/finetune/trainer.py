@@ -256,6 +256,51 @@ def train(
         mask_dtype=mask_dtype,
     )
     upcoming = step_batches(step) if step < last_step else None
+    pending: _Pending | None = None  # the last step's numbers, still on their way to the host
+    model_config = model.config
+
+    def finish(done: _Pending) -> None:
+        """Read a step's numbers (waiting for that step alone), stop on divergence, record and log it."""
+        loss_sum, bad, grad_norm, label_tokens, real_tokens = done.values()
+        loss = loss_sum / max(label_tokens, 1)
+        if not math.isfinite(loss) or bad:
+            problem = f"loss {loss:.6g}" + (
+                f", {int(bad)} adapter tensor(s) with NaN/inf after the update" if bad else ""
+            )
+            raise RunError(
+                f"training diverged at step {done.step}: {problem}; stopped without saving this step's "
+                "adapter or checkpoint (lower train.lr, raise train.warmup_steps or check the data)"
+            )
+        elapsed_s = done.seconds()
+        per_gpu = real_tokens / world / elapsed_s
+        flops_per_token = lora_flops_per_token(
+            model_config, trainable_count, packs_s_eff(packs[i] for i in done.pack_indices)
+        )
+        record = {
+            "step": done.step,
+            "loss": loss,
+            "lr": done.lr,
+            "grad_norm": grad_norm,
+            "label_tokens": int(label_tokens),
+            "tokens": int(real_tokens),
+            "step_s": elapsed_s,
+            "tokens_per_s": real_tokens / elapsed_s,
+            "tokens_per_s_per_gpu": per_gpu,
+            "flops_per_token": flops_per_token,
+            "mfu": mfu(per_gpu, flops_per_token, peak),
+        }
+        history.append(record)
+        if writer is not None:
+            for key in ("loss", "lr", "grad_norm", "tokens_per_s_per_gpu", "mfu"):
+                if record[key] is not None:
+                    writer.add_scalar(f"train/{key}", record[key], done.step)
+        if done.step % t.log_every_steps == 0 or done.step == last_step:
+            log(
+                f"step {done.step:5d}/{t.max_steps} | loss {loss:.4f} | lr {done.lr:.3e} | grad norm "
+                f"{grad_norm:.3f} | {per_gpu:,.0f} tokens/s/GPU"
+                + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
+            )
+
     while upcoming is not None:
         if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
             profiler = _start_profiler(runtime.on_gpu)
@@ -288,6 +333,12 @@ def train(
             if last_mlp is not None:
                 last_mlp.use(None)
             loss_sum += token_losses_sum.detach().double()
+            if pending is not None:
+                # The last step is read only now, with this step's first micro-batch queued behind it:
+                # the GPU never waits while the host reads, logs and launches (every rank reads the same
+                # reduced numbers here, so on divergence every rank stops at the same point).
+                finish(pending)
+                pending = None
         # The next step's batches, made and copied while the GPU still runs this one.
         upcoming = step_batches(step + 1) if step + 1 < last_step else None
 
@@ -300,55 +351,17 @@ def train(
         if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
             _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
             profiler = None
-
         dist.all_reduce(reduced)
-        label_tokens, real_tokens = (int(count) for count in current.counts.tolist())
-        loss = float(reduced[0]) / max(label_tokens, 1)
-        bad_weights = int(reduced[1])
-        if not math.isfinite(loss) or bad_weights:
-            problem = f"loss {loss:.6g}" + (
-                f", {bad_weights} adapter tensor(s) with NaN/inf after the update" if bad_weights else ""
-            )
-            raise RunError(
-                f"training diverged at step {step}: {problem}; stopped without saving this step's adapter or "
-                "checkpoint (lower train.lr, raise train.warmup_steps or check the data)"
-            )
-        if runtime.on_gpu:
-            events[1].record()
-            events[1].synchronize()
-            elapsed_s = events[0].elapsed_time(events[1]) / 1e3
-        else:
-            elapsed_s = time.perf_counter() - started
-        per_gpu = real_tokens / world / elapsed_s
-        flops_per_token = lora_flops_per_token(
-            model.config, trainable_count, packs_s_eff(packs[i] for i in current.pack_indices)
+        numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
+        pending = _Pending.start(
+            step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
         )
-        record = {
-            "step": step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "label_tokens": label_tokens,
-            "tokens": real_tokens,
-            "step_s": elapsed_s,
-            "tokens_per_s": real_tokens / elapsed_s,
-            "tokens_per_s_per_gpu": per_gpu,
-            "flops_per_token": flops_per_token,
-            "mfu": mfu(per_gpu, flops_per_token, peak),
-        }
-        history.append(record)
-        if writer is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s_per_gpu", "mfu"):
-                if record[key] is not None:
-                    writer.add_scalar(f"train/{key}", record[key], step)
-        if step % t.log_every_steps == 0 or step == last_step:
-            log(
-                f"step {step:5d}/{t.max_steps} | loss {loss:.4f} | lr {lr:.3e} | grad norm "
-                f"{grad_norm:.3f} | {per_gpu:,.0f} tokens/s/GPU"
-                + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
-            )
         if t.save_every_steps and step % t.save_every_steps == 0:
+            finish(pending)  # a checkpoint is written only for a step known to be finite
+            pending = None
             save_checkpoint(output, step, step * global_batch, parallel, runtime, t.keep_last, tokenizer)
+    if pending is not None:
+        finish(pending)
 
     if writer is not None:
         writer.close()
@@ -396,6 +409,43 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+class _Pending:
+    """One optimizer step's numbers (loss sum, non-finite adapter tensors, grad norm, label and real tokens),
+    copied to the host behind the step's work without waiting for it; `values()` waits for that copy alone
+    (a CUDA event), not for what the GPU was given after it."""
+
+    def __init__(self, step: int, lr: float, host: torch.Tensor, ready: Any, pack_indices: list[int]) -> None:
+        self.step, self.lr, self.host, self.ready, self.pack_indices = step, lr, host, ready, pack_indices
+        self.timing: Any = None
+        self.ended = 0.0
+
+    @classmethod
+    def start(
+        cls, step: int, lr: float, numbers: torch.Tensor, pack_indices: list[int], events: Any, started: float
+    ) -> _Pending:
+        if numbers.is_cuda:
+            host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+            host.copy_(numbers, non_blocking=True)
+            events[1].record()  # the step's end, and the moment the copy is done
+            pending = cls(step, lr, host, events[1], pack_indices)
+            pending.timing = events
+        else:
+            pending = cls(step, lr, numbers.clone(), None, pack_indices)
+            pending.timing = started
+            pending.ended = time.perf_counter()
+        return pending
+
+    def values(self) -> list[float]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return [float(v) for v in self.host.tolist()]
+
+    def seconds(self) -> float:
+        if self.ready is not None:
+            return self.timing[0].elapsed_time(self.timing[1]) / 1e3
+        return self.ended - self.timing
 
 
 def _products_in_fp8(layers: list[torch.nn.Module]) -> int:
