@@ -32,6 +32,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "row_kernel": "varlen",
         "kernels": "torch",
         "fused_loss": False,
+        "loss_kernel": None,
         "precision": "bf16",
         "fused_qkv": False,
         "last_mlp_rows": "labelled",

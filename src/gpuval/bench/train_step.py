@@ -95,6 +95,9 @@ class TrainBenchOptions(BaseModel):
     fuse_gate_up: bool | Literal["auto"] = Field(
         False, description="the MLP's gate and up as one product (finetune; off: measured slower)"
     )
+    loss_kernel: Literal["auto", "chunked", "liger"] = Field(
+        "auto", description="the fused loss: gpuval's chunked one or Liger's (finetune); auto: chunked"
+    )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )
@@ -215,6 +218,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "fuse_qkv": options.fuse_qkv,
                     "last_mlp_rows": options.last_mlp_rows,
                     "fuse_gate_up": options.fuse_gate_up,
+                    "loss_kernel": options.loss_kernel,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
@@ -267,6 +271,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "row_kernel": summary["row_kernel"],
             "kernels": summary["kernels"],
             "fused_loss": summary["fused_loss"],
+            "loss_kernel": summary["loss_kernel"],
             "compile": options.compile,
             "precision": summary["precision"],
             "fused_qkv": summary["fused_qkv"],  # what ran, after auto

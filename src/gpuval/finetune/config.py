@@ -133,6 +133,12 @@ class TrainSettings(_Strict):
         description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and fused linear+cross-entropy (ddp); "
         "liger-loss: the fused loss alone; torch: transformers' own; auto: liger on a GPU when installed",
     )
+    loss_kernel: Literal["auto", "chunked", "liger"] = Field(
+        "auto",
+        description="the fused loss (train.kernels liger or liger-loss): chunked (gpuval's own, no host "
+        "reads, 2,048-row chunks: finetune/linear_ce.py) or liger (Liger's fused linear cross-entropy); "
+        "auto: chunked",
+    )
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
     )

@@ -24,9 +24,12 @@ Kernels (`train.kernels`)
   per token for Qwen2) are computed and reduced chunk by chunk and never exist in full. The fused loss needs
   the whole output-head weight on the rank, so it is used with `train.parallel: ddp` only (FSDP and ZeRO-3
   shard it); the other kernels work with all three.
-- `liger-loss`: Liger's fused linear + cross-entropy alone (with `train.compile`, which fuses the rest).
+- `liger-loss`: the fused linear + cross-entropy alone (with `train.compile`, which fuses the rest).
 - `torch`: transformers' own modules and `F.cross_entropy` over the full logits.
 - `auto`: on a GPU with the package installed, liger (liger-loss with `train.compile`); torch otherwise.
+
+Which fused linear + cross-entropy runs is `train.loss_kernel`: gpuval's chunked one by default
+(linear_ce.py: the same computation without Liger's host reads, in larger chunks), or Liger's.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+from gpuval.finetune.linear_ce import linear_cross_entropy
 from gpuval.finetune.template import IGNORE_INDEX
 
 VARLEN = "gpuval_varlen"  # the attention implementation name registered with transformers
@@ -335,12 +339,13 @@ class LossHead:
     (`label_rows`): about half of a fine-tune's tokens are prompt, system and tool text that no loss reads.
 
     Plain: the model returns logits and F.cross_entropy reduces the labelled rows in float32. Fused: the
-    model's output head is replaced by an identity, so the model returns the final hidden states, and
-    Liger's fused linear cross-entropy applies the head weight chunk by chunk to the labelled rows alone:
+    model's output head is replaced by an identity, so the model returns the final hidden states, and a
+    fused linear cross-entropy (`train.loss_kernel`: gpuval's chunked one, linear_ce.py, or Liger's)
+    applies the head weight chunk by chunk to the labelled rows alone:
     the output head's products (2 × 152,064 × 3,584 FLOPs per row for Qwen2-7B, forward and again for the
     gradient) are spent on no row the loss ignores."""
 
-    fused: Any = None  # LigerFusedLinearCrossEntropyLoss, or None
+    fused: Any = None  # linear_ce.linear_cross_entropy, LigerFusedLinearCrossEntropyLoss, or None
     weight: torch.Tensor | None = None  # the output head's weight, for the fused loss
 
     @classmethod
@@ -348,10 +353,9 @@ class LossHead:
         return cls()
 
     @classmethod
-    def fuse(cls, causal_lm: torch.nn.Module) -> LossHead:
-        """Take the output head out of `causal_lm` (a transformers CausalLM, unwrapped) for the fused loss."""
-        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-
+    def fuse(cls, causal_lm: torch.nn.Module, kernel: str = "chunked") -> LossHead:
+        """Take the output head out of `causal_lm` (a transformers CausalLM, unwrapped) for the fused loss:
+        `kernel` chunked (linear_ce.py, gpuval's own) or liger (Liger's fused linear cross-entropy)."""
         head = causal_lm.get_output_embeddings()
         if type(head) is not torch.nn.Linear or head.bias is not None or head.weight.requires_grad:
             raise UsageError(
@@ -359,6 +363,10 @@ class LossHead:
                 "set train.kernels=torch"
             )
         causal_lm.set_output_embeddings(torch.nn.Identity())
+        if kernel == "chunked":
+            return cls(fused=linear_cross_entropy, weight=head.weight)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
         loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
         return cls(fused=loss, weight=head.weight)
 
@@ -371,6 +379,8 @@ class LossHead:
         if targets.numel() == 0:  # no target in the micro-batch: a zero that still reaches the graph
             return output.sum() * 0
         picked = output.flatten(0, 1) if rows is None else output.flatten(0, 1).index_select(0, rows)
+        if self.fused is linear_cross_entropy:
+            return linear_cross_entropy(picked, self.weight, targets)
         if self.fused is not None:
             return self.fused(self.weight, picked, targets)
         return F.cross_entropy(picked.float(), targets, reduction="sum")

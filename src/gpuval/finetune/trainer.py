@@ -195,7 +195,8 @@ def train(
     if fp8:
         convert_frozen_linears(layers, **fp8_options)
     fp8_linears = _products_in_fp8(layers)
-    loss_head = LossHead.fuse(model.get_base_model()) if fusable else LossHead.plain()
+    loss_kernel = "liger" if t.loss_kernel == "liger" else "chunked"
+    loss_head = LossHead.fuse(model.get_base_model(), loss_kernel) if fusable else LossHead.plain()
     last_mlp = LastMlpRows.attach(layers) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in layers:
@@ -393,6 +394,7 @@ def train(
         "row_kernel": row_kernel,
         "kernels": kernels,
         "fused_loss": fused_loss,
+        "loss_kernel": loss_kernel if fused_loss else None,
         "activation_checkpointing": checkpointing,
         "compile": compiled,
         "precision": precision,
