@@ -18,12 +18,7 @@ from test_finetune_fused_qkv import FLOAT64_SUMS, QKVO, lora_model, relative  # 
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_mlp import (  # noqa: E402
-    GateUpPart,
-    fuse_gate_up,
-    gate_up_product,
-    resolve_fuse_gate_up,
-)
+from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up, resolve_fuse_gate_up  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
 
 INTERMEDIATE = 576  # the tiny model's intermediate_size (hidden 192)
@@ -58,25 +53,6 @@ def test_a_hand_checked_mlp_gives_both_halves_and_one_input_gradient():
     (gate[0] + up[1]).backward()
     assert x.grad.tolist() == [1 + 7, 2 + 8]
     assert mlp.gate_proj.bias.tolist() == [1, 0] and mlp.up_proj.bias.tolist() == [0, -1]
-
-
-def test_the_batched_backward_gives_the_two_products_input_gradient_sum():
-    """gate_up_product's backward (one batched product over the pair, then a sum) against autograd through
-    two separate products, in float64, for a (batch, seq, hidden) input."""
-    generator = torch.Generator().manual_seed(3)
-    w_gate, w_up = (torch.randn(6, 4, generator=generator, dtype=torch.float64) for _ in range(2))
-    x = torch.randn(2, 5, 4, generator=generator, dtype=torch.float64)
-    upstream = torch.randn(2, 5, 12, generator=generator, dtype=torch.float64)
-    ours = x.clone().requires_grad_(True)
-    out = gate_up_product(ours, torch.cat([w_gate, w_up]))
-    (out * upstream).sum().backward()
-    reference = x.clone().requires_grad_(True)
-    both = torch.cat([reference @ w_gate.t(), reference @ w_up.t()], dim=-1)
-    torch.testing.assert_close(out, both, rtol=0, atol=1e-13)
-    (both * upstream).sum().backward()
-    torch.testing.assert_close(ours.grad, reference.grad, rtol=0, atol=1e-13)
-    expected = upstream[..., :6] @ w_gate + upstream[..., 6:] @ w_up  # by hand
-    torch.testing.assert_close(ours.grad, expected, rtol=0, atol=1e-13)
 
 
 def _mlps(model: torch.nn.Module) -> list[torch.nn.Module]:

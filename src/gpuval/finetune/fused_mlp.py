@@ -68,11 +68,7 @@ class FusedGateUp:
     def gate_forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pending is not None:
             raise RuntimeError(self._order_error("gate_proj"))
-        base = self.base
-        halves = base.out_features == 2 * self.gate_width
-        pair = type(base) is torch.nn.Linear and base.bias is None and halves  # bf16: the batched backward
-        both = gate_up_product(x, base.weight) if pair else base(x)
-        gate, up = both.split([self.gate_width, base.out_features - self.gate_width], dim=-1)
+        gate, up = self.base(x).split([self.gate_width, self.base.out_features - self.gate_width], dim=-1)
         self.input, self.pending = x, up
         return gate
 
@@ -90,35 +86,6 @@ class FusedGateUp:
             f"fused gate/up: {called} was called out of order (expected gate_proj, then up_proj on the same "
             "input, as transformers' MLPs call them): set train.fuse_gate_up=false"
         )
-
-
-def gate_up_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`x @ [W_gate; W_up]ᵀ` for a frozen concatenated `weight` of two equal halves; in the backward the
-    input gradient `d_gate @ W_gate + d_up @ W_up` is one batched product over the pair, then a sum."""
-    return _GateUpProduct.apply(x, weight)
-
-
-class _GateUpProduct(torch.autograd.Function):
-    """Why the backward is a batched product (benchmarks/step_products.py): each half's input gradient has
-    the hidden size as its output columns (3,584 for Qwen2-7B), which for 12,288 rows is 1,216 of cuBLAS's
-    192 x 192 tiles, 9.2 waves of 132 SMs: run one after the other, each ends in a wave a fifth full. As one
-    batched product, 2,432 tiles share their last wave. One product over the concatenated inner dimension
-    (37,888) has the same 1,216 tiles, twice as long. The sum of the two halves rounds as the unfused MLP's
-    `d_gate @ W_gate + d_up @ W_up` does."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(weight)
-        return x @ weight.t()
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (weight,) = ctx.saved_tensors
-        width = weight.shape[0] // 2
-        rows = grad.reshape(-1, grad.shape[-1])
-        pair = rows.view(rows.shape[0], 2, width).transpose(0, 1)  # (2, rows, width), no copy
-        halves = torch.bmm(pair.to(weight.dtype), weight.view(2, width, weight.shape[1]))
-        return halves.sum(0).view(*grad.shape[:-1], weight.shape[1]), None
 
 
 class GateUpPart(torch.nn.Module):
