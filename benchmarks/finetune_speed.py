@@ -89,6 +89,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-fp8-down-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.mlp.down_proj"]},
     "gpuval-fp8-ends-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "-1.*"]},
 }
+# gpuval variants that run with inductor settings of their own (set in the bench train process before it
+# compiles): experiments on the step's elementwise kernels, not settings gpuval ships.
+INDUCTOR: dict[str, dict[str, Any]] = {
+    # LoRA's dropout through ATen's kernel (Philox, four numbers per call) instead of inside inductor's
+    # fused kernels (one Philox call per element)
+    "gpuval-aten-dropout": {"fallback_random": True},
+    # inductor benchmarks block sizes around its heuristic for every Triton kernel it makes
+    "gpuval-tuned": {"coordinate_descent_tuning": True},
+}
+VARIANTS.update({name: {} for name in INDUCTOR})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
@@ -246,6 +256,11 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "train.json"
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
+        if name in INDUCTOR:  # the same command, after setting inductor's config in that process
+            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR[name].items())
+            start = "import runpy, sys; import torch._inductor.config as config; " + settings
+            start += "sys.argv = ['gpuval', *sys.argv[1:]]; runpy.run_module('gpuval', run_name='__main__')"
+            command = [sys.executable, "-c", start, *command[3:]]
         for key, value in options.items():
             command += ["--set", f"{key}={json.dumps(value) if isinstance(value, bool) else value}"]
         proc = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
