@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gpuval.finetune.linear_ce import DEFAULT_CHUNK as LOSS_CHUNK
+
 GIB = 2**30
 MARGIN = 0.9  # the share of the GPU's memory the estimate may take (allocator slack, CUDA context, NCCL)
 
@@ -53,7 +55,10 @@ def estimate_step_memory(
     kv = hidden // config.num_attention_heads * config.num_key_value_heads
     per_token_layer = (12 * hidden + 2 * kv + 3 * inter) * dtype_bytes
     activations = per_token_layer * tokens_per_micro_batch * config.num_hidden_layers
-    logits = 0 if fused_loss else tokens_per_micro_batch * config.vocab_size * (dtype_bytes + 4 + 4)
+    if fused_loss:  # one chunk's logits and their gradient at a time (linear_ce.py)
+        logits = min(tokens_per_micro_batch, LOSS_CHUNK) * config.vocab_size * 2 * dtype_bytes
+    else:
+        logits = tokens_per_micro_batch * config.vocab_size * (dtype_bytes + 4 + 4)
     return StepMemory(
         weights=base_parameters * dtype_bytes // max(1, weight_shards),
         trainable=trainable_parameters * 16,
