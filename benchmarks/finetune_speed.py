@@ -97,6 +97,9 @@ INDUCTOR: dict[str, dict[str, Any]] = {
     "gpuval-aten-dropout": {"fallback_random": True},
     # inductor benchmarks block sizes around its heuristic for every Triton kernel it makes
     "gpuval-tuned": {"coordinate_descent_tuning": True},
+    # every compiled graph (each decoder layer's forward and backward) replayed as a CUDA graph (what
+    # mode="reduce-overhead" sets): no launch gaps between a layer's kernels
+    "gpuval-cudagraphs": {"triton.cudagraphs": True},
 }
 VARIANTS.update({name: {} for name in INDUCTOR})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
