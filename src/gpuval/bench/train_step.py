@@ -7,8 +7,9 @@ rank), builds a fine-tune config from its options and calls `gpuval.finetune.tra
 CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
 
 On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 3, varlen
-attention (cuDNN's causal kernel for whole-document rows on Hopper), Liger's fused linear +
-cross-entropy, compiled decoder layers, q/k/v fused, no activation checkpointing;
+attention (cuDNN's causal kernel for whole-document rows on Hopper), a fused linear + cross-entropy
+(gpuval's chunked one; `loss_kernel=liger` runs Liger's), compiled decoder layers, q/k/v fused, no
+activation checkpointing;
 `--set compile=false`, `kernels=torch`, `attention=sdpa`, `fuse_qkv=false`, `fuse_gate_up=false`,
 `activation_checkpointing=true`
 take them away, and `--set precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
