@@ -1,5 +1,6 @@
 """The MLP's gate and up projections as one product (`train.fuse_gate_up`, off by default: on one H100 it
-made the bf16 step 0.7 % slower and the FP8 step about 4 % slower, benchmarks/NOTES.md items 9 and 10).
+made the bf16 step 0.7 % slower and the FP8 step about 4 % slower, benchmarks/NOTES.md items 9 and 10; its
+input gradient as one batched product over the pair instead measured the same, item 13).
 
 transformers' Qwen2MLP (and Llama-style MLPs, and Liger's SwiGLU MLP) compute
 `down_proj(act(gate_proj(x)) * up_proj(x))`: two products over the same input. With LoRA on attention only

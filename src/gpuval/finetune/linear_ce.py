@@ -6,7 +6,8 @@ chunk's logits are made, reduced and turned into their gradient, which goes stra
 (`d_hidden = d_logits @ weight`), so no chunk's logits outlive it (152,064 logits per row for Qwen2). The
 backward only scales that saved input gradient by the incoming one. This is what Liger-Kernel's fused
 linear cross-entropy does (and the Liger authors' paper, arXiv:2410.10989, section 3.2); gpuval's own
-version exists for two measured reasons (benchmarks/NOTES.md, issue 23):
+version exists for two measured reasons (benchmarks/NOTES.md item 12: in one run on one H100 the bf16
+step was 0.75 % faster with it than with Liger's, benchmarks/results/2026-11-26-h100x1-step-round3/):
 
 - Liger 0.8.5 reads values back to the host in every call (`.item()` of the target count in the forward,
   a copy and `torch.equal` of the incoming gradient in the backward). Each read waits until the GPU has run
