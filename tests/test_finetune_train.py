@@ -201,6 +201,21 @@ def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
         train(cfg, runtime, save_adapter=False, quiet=True)
 
 
+def test_a_loss_kernel_for_a_run_without_the_fused_loss_is_refused_before_the_model_loads(
+    runtime, train_file, tmp_path, monkeypatch
+):
+    """On a CPU the loss is never fused (kernels resolve to torch), so train.loss_kernel=chunked or liger
+    would be ignored: refused in one line instead, before any model is built."""
+    from gpuval.finetune import trainer
+
+    monkeypatch.setattr(trainer, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    for kernel in ("chunked", "liger"):
+        cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / kernel, loss_kernel=kernel))
+        with pytest.raises(UsageError, match=rf"^train\.loss_kernel={kernel} chooses .* here torch, .*"):
+            train(cfg, runtime, save_adapter=False, quiet=True)
+        assert not (tmp_path / kernel).exists()
+
+
 # --- a diverging run stops; checkpoints resume without unpickling anything ---------------------------------
 
 

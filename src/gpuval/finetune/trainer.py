@@ -146,6 +146,12 @@ def train(
         print(note, file=sys.stderr)  # said even when quiet (bench train): it costs speed and memory
     # The fused loss takes the output head out of the model; only where the head is whole on every rank.
     fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
+    if t.loss_kernel != "auto" and not fusable:  # a choice that would be silently ignored
+        raise UsageError(
+            f"train.loss_kernel={t.loss_kernel} chooses the fused loss's kernel, and this run has no fused "
+            f"loss (it needs train.kernels liger or liger-loss, here {kernels}, train.parallel ddp and no "
+            "lora.trainable_tokens): set train.loss_kernel=auto"
+        )
     model = load_model(cfg.model, dtype, device=device)
     model.config.use_cache = False
     if kernels == "liger":
