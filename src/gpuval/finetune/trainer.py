@@ -75,6 +75,7 @@ from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
 from gpuval.finetune.packing import pack_with_stats, packs_s_eff
 from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
+from gpuval.finetune.pending import PendingStep
 from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 
@@ -263,10 +264,10 @@ def train(
         mask_dtype=mask_dtype,
     )
     upcoming = step_batches(step) if step < last_step else None
-    pending: _Pending | None = None  # the last step's numbers, still on their way to the host
+    pending: PendingStep | None = None  # the last step's numbers, still on their way to the host
     model_config = model.config
 
-    def finish(done: _Pending) -> None:
+    def finish(done: PendingStep) -> None:
         """Read a step's numbers (waiting for that step alone), stop on divergence, record and log it."""
         loss_sum, bad, grad_norm, label_tokens, real_tokens = done.values()
         loss = loss_sum / max(label_tokens, 1)
@@ -360,7 +361,7 @@ def train(
             profiler = None
         dist.all_reduce(reduced)
         numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
-        pending = _Pending.start(
+        pending = PendingStep.start(
             step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
         )
         if t.save_every_steps and step % t.save_every_steps == 0:
@@ -417,43 +418,6 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-class _Pending:
-    """One optimizer step's numbers (loss sum, non-finite adapter tensors, grad norm, label and real tokens),
-    copied to the host behind the step's work without waiting for it; `values()` waits for that copy alone
-    (a CUDA event), not for what the GPU was given after it."""
-
-    def __init__(self, step: int, lr: float, host: torch.Tensor, ready: Any, pack_indices: list[int]) -> None:
-        self.step, self.lr, self.host, self.ready, self.pack_indices = step, lr, host, ready, pack_indices
-        self.timing: Any = None
-        self.ended = 0.0
-
-    @classmethod
-    def start(
-        cls, step: int, lr: float, numbers: torch.Tensor, pack_indices: list[int], events: Any, started: float
-    ) -> _Pending:
-        if numbers.is_cuda:
-            host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
-            host.copy_(numbers, non_blocking=True)
-            events[1].record()  # the step's end, and the moment the copy is done
-            pending = cls(step, lr, host, events[1], pack_indices)
-            pending.timing = events
-        else:
-            pending = cls(step, lr, numbers.clone(), None, pack_indices)
-            pending.timing = started
-            pending.ended = time.perf_counter()
-        return pending
-
-    def values(self) -> list[float]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return [float(v) for v in self.host.tolist()]
-
-    def seconds(self) -> float:
-        if self.ready is not None:
-            return self.timing[0].elapsed_time(self.timing[1]) / 1e3
-        return self.ended - self.timing
 
 
 def _products_in_fp8(layers: list[torch.nn.Module]) -> int:
