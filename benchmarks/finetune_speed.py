@@ -98,7 +98,8 @@ INDUCTOR: dict[str, dict[str, Any]] = {
     # inductor benchmarks block sizes around its heuristic for every Triton kernel it makes
     "gpuval-tuned": {"coordinate_descent_tuning": True},
     # every compiled graph (each decoder layer's forward and backward) replayed as a CUDA graph (what
-    # mode="reduce-overhead" sets): no launch gaps between a layer's kernels
+    # mode="reduce-overhead" sets): no launch gaps between a layer's kernels. Fails as the step is built:
+    # a layer's output is overwritten by its graph's next replay (results/2026-11-26-h100x1-step-cudagraphs/)
     "gpuval-cudagraphs": {"triton.cudagraphs": True},
 }
 VARIANTS.update({name: {} for name in INDUCTOR})

@@ -345,7 +345,7 @@ class LossHead:
     the output head's products (2 × 152,064 × 3,584 FLOPs per row for Qwen2-7B, forward and again for the
     gradient) are spent on no row the loss ignores."""
 
-    fused: Any = None  # linear_ce.linear_cross_entropy, LigerFusedLinearCrossEntropyLoss, or None
+    fused: Any = None  # (weight, hidden, targets) -> summed loss: linear_ce's or Liger's; None: plain
     weight: torch.Tensor | None = None  # the output head's weight, for the fused loss
 
     @classmethod
@@ -363,8 +363,8 @@ class LossHead:
                 "set train.kernels=torch"
             )
         causal_lm.set_output_embeddings(torch.nn.Identity())
-        if kernel == "chunked":
-            return cls(fused=linear_cross_entropy, weight=head.weight)
+        if kernel == "chunked":  # called as Liger's loss is: (weight, hidden, targets)
+            return cls(fused=lambda w, h, t: linear_cross_entropy(h, w, t), weight=head.weight)
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
         loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
@@ -379,8 +379,6 @@ class LossHead:
         if targets.numel() == 0:  # no target in the micro-batch: a zero that still reaches the graph
             return output.sum() * 0
         picked = output.flatten(0, 1) if rows is None else output.flatten(0, 1).index_select(0, rows)
-        if self.fused is linear_cross_entropy:
-            return linear_cross_entropy(picked, self.weight, targets)
         if self.fused is not None:
             return self.fused(self.weight, picked, targets)
         return F.cross_entropy(picked.float(), targets, reduction="sum")

@@ -20,33 +20,33 @@ class PendingStep:
     copied to the host behind the step's work without waiting for it; `values()` waits for that copy alone
     (a CUDA event), not for what the GPU was given after it."""
 
-    def __init__(self, step: int, lr: float, host: torch.Tensor, ready: Any, pack_indices: list[int]) -> None:
-        self.step, self.lr, self.host, self.ready, self.pack_indices = step, lr, host, ready, pack_indices
-        self.timing: Any = None
-        self.ended = 0.0
-
-    @classmethod
-    def start(
-        cls, step: int, lr: float, numbers: torch.Tensor, pack_indices: list[int], events: Any, started: float
-    ) -> PendingStep:
-        if numbers.is_cuda:
-            host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
-            host.copy_(numbers, non_blocking=True)
-            events[1].record()  # the step's end, and the moment the copy is done
-            pending = cls(step, lr, host, events[1], pack_indices)
-            pending.timing = events
+    def __init__(
+        self,
+        step: int,
+        lr: float,
+        numbers: torch.Tensor,
+        pack_indices: list[int],
+        events: Any,
+        started: float,
+    ) -> None:
+        """`numbers` on the step's device; `events`: the step's start and end CUDA events (the end is
+        recorded here, behind the copy), None on a CPU, where `started` is the host clock's start."""
+        self.step, self.lr, self.pack_indices = step, lr, pack_indices
+        self.events = events if numbers.is_cuda else None
+        if self.events is not None:
+            self.host = torch.empty(numbers.shape, dtype=numbers.dtype, pin_memory=True)
+            self.host.copy_(numbers, non_blocking=True)
+            self.events[1].record()  # the step's end, and the moment the copy is done
         else:
-            pending = cls(step, lr, numbers.clone(), None, pack_indices)
-            pending.timing = started
-            pending.ended = time.perf_counter()
-        return pending
+            self.host = numbers.clone()
+            self.host_seconds = time.perf_counter() - started
 
     def values(self) -> list[float]:
-        if self.ready is not None:
-            self.ready.synchronize()
+        if self.events is not None:
+            self.events[1].synchronize()
         return [float(v) for v in self.host.tolist()]
 
     def seconds(self) -> float:
-        if self.ready is not None:
-            return self.timing[0].elapsed_time(self.timing[1]) / 1e3
-        return self.ended - self.timing
+        if self.events is not None:
+            return self.events[0].elapsed_time(self.events[1]) / 1e3
+        return self.host_seconds

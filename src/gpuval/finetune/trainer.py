@@ -361,7 +361,7 @@ def train(
             profiler = None
         dist.all_reduce(reduced)
         numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
-        pending = PendingStep.start(
+        pending = PendingStep(
             step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
         )
         if t.save_every_steps and step % t.save_every_steps == 0:
