@@ -98,6 +98,28 @@ def test_logits_kept_for_labelled_rows_give_the_full_heads_loss_and_gradients():
     torch.testing.assert_close(kept_grad, full_grad, rtol=1e-5, atol=1e-6)
 
 
+def test_the_chunked_fused_loss_head_gives_the_plain_heads_loss_and_gradients():
+    """LossHead.fuse (gpuval's chunked loss, no Liger needed) on the tiny model: the same loss and LoRA-free
+    input gradients as the model's own head and F.cross_entropy over the labelled rows."""
+    batch = collate(_packs(3000), 0, 128, with_mask=False)
+    rows, targets = label_rows(batch.pop("labels"))
+    results = []
+    for fused in (False, True):
+        model = load_model("tiny", torch.float32)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        head = LossHead.fuse(model) if fused else LossHead.plain()
+        embeds = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_(True)
+        out = model(inputs_embeds=embeds, position_ids=batch["position_ids"]).logits
+        loss = head(out, rows, targets)
+        loss.backward()
+        results.append((loss.detach(), embeds.grad))
+    (plain_loss, plain_grad), (fused_loss, fused_grad) = results
+    torch.testing.assert_close(fused_loss, plain_loss, rtol=1e-5, atol=1e-4)
+    relative = float((fused_grad - plain_grad).norm() / plain_grad.norm())
+    assert relative < 1e-5, relative  # float32 sums in another order, as a whole
+
+
 def test_a_micro_batch_without_targets_gives_a_zero_loss_that_still_backpropagates():
     logits = torch.randn(2, 6, 9, requires_grad=True)
     loss = LossHead.plain()(logits, *label_rows(torch.full((2, 6), IGNORE_INDEX)))
