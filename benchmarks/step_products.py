@@ -55,15 +55,16 @@ def main() -> int:
     parser.add_argument("--parts", default=",".join(PARTS))
     args = parser.parse_args()
 
+    parts = args.parts.split(",")
+    if unknown := [part for part in parts if part not in PARTS]:
+        raise SystemExit(f"unknown part {unknown[0]!r}; known: {', '.join(PARTS)}")
     import torch
 
     if not torch.cuda.is_available():
         raise SystemExit("step_products.py times CUDA kernels: run it on a GPU machine")
     torch.manual_seed(0)
     results: dict[str, Any] = {}
-    for part in args.parts.split(","):
-        if part not in PARTS:
-            raise SystemExit(f"unknown part {part!r}; known: {', '.join(PARTS)}")
+    for part in parts:
         results[part] = PARTS[part](args)
         write(args, results)
         print(json.dumps({part: results[part]}, indent=1), flush=True)
