@@ -101,19 +101,13 @@ INDUCTOR: dict[str, dict[str, Any]] = {
     # mode="reduce-overhead" sets): no launch gaps between a layer's kernels. Fails as the step is built:
     # a layer's output is overwritten by its graph's next replay (results/2026-11-26-h100x1-step-cudagraphs/)
     "gpuval-cudagraphs": {"triton.cudagraphs": True},
-    # inductor benchmarks Triton templates (persistent TMA ones too) against cuBLAS for every product and
+    # inductor benchmarks Triton templates (persistent TMA ones too) against cuBLAS for every product, and
     # can then fuse elementwise work into a template's epilogue (SwiGLU's backward into the product that
-    # makes its input gradient): what that buys, and what the longer compile costs
+    # makes its input gradient). Its compile did not finish in 330 s on an H100
+    # (results/2026-11-27-h100x1-step-layout/)
     "gpuval-autotune": {"max_autotune_gemm": True, "triton.enable_persistent_tma_matmul": True},
 }
-# gpuval variants that set a module attribute of gpuval's own in the bench train process: a change to the
-# step measured against `gpuval` in the same run, with the change taken out.
-MODULE: dict[str, dict[str, Any]] = {
-    # cuDNN attention with (B, H, S, D) queries, as before kernels._CUDNN_BSHD (its output and output
-    # gradient copied into the other layout)
-    "gpuval-bhsd": {"gpuval.finetune.kernels._CUDNN_BSHD": False},
-}
-VARIANTS.update({name: {} for name in (*INDUCTOR, *MODULE)})
+VARIANTS.update({name: {} for name in INDUCTOR})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
@@ -271,10 +265,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "train.json"
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
-        if name in INDUCTOR or name in MODULE:  # the same command, after the settings in that process
-            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR.get(name, {}).items())
-            for key, value in MODULE.get(name, {}).items():
-                settings += f"import {key.rpartition('.')[0]}; {key} = {value!r}; "
+        if name in INDUCTOR:  # the same command, after setting inductor's config in that process
+            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR[name].items())
             start = "import runpy, sys; import torch._inductor.config as config; " + settings
             start += "sys.argv = ['gpuval', *sys.argv[1:]]; runpy.run_module('gpuval', run_name='__main__')"
             command = [sys.executable, "-c", start, *command[3:]]

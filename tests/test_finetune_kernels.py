@@ -342,16 +342,3 @@ def test_last_mlp_rows_attaches_to_dense_gated_mlps_only_and_runs_all_rows_below
     assert torch.equal(out[0, [0, 2, 3, 5]], torch.zeros(4, x.shape[-1]))  # unread rows: zeros
     last.use(None)
     torch.testing.assert_close(out[0, [1, 4]], layers[-1].mlp(x)[0, [1, 4]])
-
-
-def test_token_major_keeps_values_and_lays_tokens_out_head_by_head():
-    """kernels.token_major: the same (B, H, S, D) values, in (B, S, H, D) memory (what cuDNN's attention then
-    writes its output in); a tensor already laid out so is returned without a copy."""
-    from gpuval.finetune.kernels import token_major
-
-    heads_first = torch.randn(2, 5, 7, 4)
-    moved = token_major(heads_first)
-    assert torch.equal(moved, heads_first) and moved.transpose(1, 2).is_contiguous()
-    assert not heads_first.transpose(1, 2).is_contiguous()
-    already = torch.randn(2, 7, 5, 4).transpose(1, 2)
-    assert token_major(already).data_ptr() == already.data_ptr()

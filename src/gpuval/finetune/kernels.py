@@ -197,27 +197,9 @@ def _causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
         key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
         gqa = False
     backend = SDPBackend.CUDNN_ATTENTION if _ROW_KERNEL == "cudnn" else SDPBackend.FLASH_ATTENTION
-    if backend == SDPBackend.CUDNN_ATTENTION and _CUDNN_BSHD and torch.compiler.is_compiling():
-        query, key = token_major(query), token_major(key)
     with sdpa_kernel([backend]):
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2)
-
-
-# cuDNN's attention writes its output in its query's memory layout and copies the output gradient into that
-# layout for its backward (ATen's alloc_with_matching_layout). Inside a compiled layer the query comes out of
-# inductor's rotary kernel laid out (B, H, S, D), so the output needed a transposing copy before the
-# o-projection (which reads (B, S, H·D) rows) and the gradient a copy before the backward, about 0.13 ms
-# per layer and micro-batch of 3 × 4,096 tokens (results/2026-11-26-h100x1-step-round3/profile-gpuval-again).
-# Asking for (B, S, H, D) memory makes the rotary kernel write it that way (no kernel more), and neither copy
-# is made. Left alone outside a compiled graph, where it would be a copy of its own.
-_CUDNN_BSHD = True
-
-
-def token_major(t: torch.Tensor) -> torch.Tensor:
-    """`t` `(B, H, S, D)` with the same values, laid out in memory as `(B, S, H, D)` (each token's heads side
-    by side), the layout of the projections around attention; no copy when it already is."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _cudnn_gqa(device: torch.device) -> bool:
