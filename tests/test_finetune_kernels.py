@@ -4,6 +4,8 @@ choice of attention and kernels per device; errors that name the setting."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -272,16 +274,68 @@ def test_device_defaults_and_settings_that_cannot_run_here():
     assert resolve_kernels("torch", on_gpu=True) == "torch"
     with pytest.raises(UsageError, match=r"^train.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
         resolve_kernels("liger", on_gpu=False)
+    # gpuval's own fused loss needs no Liger, on a CPU too
+    assert resolve_kernels("liger-loss", on_gpu=False) == "liger-loss"
+    with pytest.raises(UsageError, match=r"^train.loss_kernel=liger: Liger-Kernel runs on CUDA GPUs only"):
+        resolve_kernels("liger-loss", on_gpu=False, loss_kernel="liger")
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["liger", "no-liger"])
+def test_auto_kernels_on_a_gpu_keep_the_fused_loss_with_or_without_liger(monkeypatch, installed):
+    """Whether Liger-Kernel is installed only decides Liger's model kernels in uncompiled layers: the fused
+    loss (gpuval's own by default) is chosen on a GPU either way, so its logits are never materialised."""
+    from gpuval.finetune import kernels
+
+    monkeypatch.setattr(kernels, "_liger_installed", lambda: installed)
+    assert resolve_kernels("auto", on_gpu=True, compiled=True) == "liger-loss"
+    assert resolve_kernels("auto", on_gpu=True, compiled=False) == ("liger" if installed else "liger-loss")
+    assert resolve_kernels("liger-loss", on_gpu=True) == "liger-loss"
+    if installed:
+        assert resolve_kernels("auto", on_gpu=True, compiled=True, loss_kernel="liger") == "liger-loss"
+        return
+    for setting, option in (("liger", "kernels"), ("auto", "loss_kernel"), ("liger-loss", "loss_kernel")):
+        loss_kernel = "liger" if option == "loss_kernel" else "auto"
+        with pytest.raises(UsageError, match=rf"^train.{option}=liger: Liger-Kernel is not installed") as err:
+            resolve_kernels(setting, on_gpu=True, compiled=True, loss_kernel=loss_kernel)
+        assert "\n" not in str(err.value) and "pip install 'gpuval[gpu]'" in str(err.value)
+    # transformers' own loss asks for no fused loss: the trainer refuses loss_kernel there itself
+    assert resolve_kernels("torch", on_gpu=True, loss_kernel="liger") == "torch"
 
 
 def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install():
-    from gpuval.finetune.kernels import unfused_note
+    from gpuval.finetune.kernels import missing_liger_note
 
-    note = unfused_note("auto", True, "torch")
+    note = missing_liger_note("auto", True, "liger-loss", compiled=False)
     assert note is not None and "\n" not in note and "pip install 'gpuval[gpu]'" in note
-    assert unfused_note("auto", True, "liger-loss") is None  # Liger found: nothing to say
-    assert unfused_note("auto", False, "torch") is None  # a CPU never fuses: nothing missing
-    assert unfused_note("torch", True, "torch") is None  # chosen by the user
+    assert missing_liger_note("auto", True, "liger", compiled=False) is None  # Liger found: nothing to say
+    assert missing_liger_note("auto", True, "liger-loss", compiled=True) is None  # compiled: none missing
+    assert missing_liger_note("auto", False, "torch", compiled=False) is None  # a CPU never fuses
+    assert missing_liger_note("liger-loss", True, "liger-loss", compiled=False) is None  # the user's choice
+
+
+@pytest.mark.slow
+def test_train_with_the_fused_loss_alone_on_a_cpu_gives_the_plain_losses(runtime, train_file, tmp_path):  # noqa: F811
+    """`train.kernels=liger-loss` with gpuval's own fused loss runs the whole trainer without Liger (a CPU
+    here) and trains exactly as transformers' head and F.cross_entropy do: the same summed loss, float32.
+    The tiny model's shape with random weights: the bundled weights predict this data almost perfectly
+    (a loss near 1e-5, all rounding), random ones give a loss of about log(vocabulary)."""
+    import shutil
+
+    from gpuval.finetune import model as finetune_model
+
+    shape = tmp_path / "tiny-random"
+    shape.mkdir()
+    shutil.copy(Path(finetune_model.__file__).parent / "tiny_model" / "config.json", shape)
+    losses = {}
+    for kernels in ("torch", "liger-loss"):
+        data = config_dict(train_file, tmp_path / kernels, max_steps=3, kernels=kernels, tensorboard=False)
+        data.update(model=str(shape), tokenizer="tiny")
+        summary = train(finetune_config_from_dict(data), runtime)
+        assert summary["fused_loss"] is (kernels == "liger-loss")
+        assert summary["loss_kernel"] == ("chunked" if kernels == "liger-loss" else None)
+        losses[kernels] = [s["loss"] for s in summary["steps"]]
+    assert losses["torch"][0] > 3  # random weights: far from the answer
+    assert losses["liger-loss"] == pytest.approx(losses["torch"], rel=1e-5)
 
 
 @pytest.mark.parametrize("varlen", [False, True])  # rows of a micro-batch; packed rows flattened to one

@@ -204,14 +204,16 @@ def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
 def test_a_loss_kernel_for_a_run_without_the_fused_loss_is_refused_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
-    """On a CPU the loss is never fused (kernels resolve to torch), so train.loss_kernel=chunked or liger
-    would be ignored: refused in one line instead, before any model is built."""
+    """On a CPU the loss is not fused by default (kernels auto resolve to torch), so train.loss_kernel=chunked
+    would be ignored, and Liger's loss cannot run there at all: each refused in one line instead, before any
+    model is built."""
     from gpuval.finetune import trainer
 
     monkeypatch.setattr(trainer, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    why = {"chunked": "chooses .* here torch, ", "liger": "Liger-Kernel runs on CUDA GPUs only; "}
     for kernel in ("chunked", "liger"):
         cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / kernel, loss_kernel=kernel))
-        with pytest.raises(UsageError, match=rf"^train\.loss_kernel={kernel} chooses .* here torch, .*"):
+        with pytest.raises(UsageError, match=rf"^train\.loss_kernel={kernel}:? {why[kernel]}.*auto"):
             train(cfg, runtime, save_adapter=False, quiet=True)
         assert not (tmp_path / kernel).exists()
 

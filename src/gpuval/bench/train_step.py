@@ -73,7 +73,9 @@ class TrainBenchOptions(BaseModel):
         "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
-        "auto", description="Liger-Kernel fused ops and loss, or transformers' own; auto: liger on a GPU"
+        "auto",
+        description="fused loss with Liger's ops (liger) or alone (liger-loss), or transformers' own "
+        "(torch); auto: on a GPU liger-loss when compiled, else liger where installed (see finetune)",
     )
     compile: bool = Field(False, description="torch.compile every decoder layer")
     precision: Precision = Field(

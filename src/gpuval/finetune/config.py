@@ -130,8 +130,9 @@ class TrainSettings(_Strict):
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
-        description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and fused linear+cross-entropy (ddp); "
-        "liger-loss: the fused loss alone; torch: transformers' own; auto: liger on a GPU when installed",
+        description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and the fused linear+cross-entropy (ddp); "
+        "liger-loss: the fused loss alone (gpuval's own unless loss_kernel=liger: no Liger needed); torch: "
+        "transformers' own; auto: on a GPU liger-loss when compiled, else liger where installed",
     )
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto",

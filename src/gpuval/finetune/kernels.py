@@ -24,9 +24,11 @@ Kernels (`train.kernels`)
   per token for Qwen2) are computed and reduced chunk by chunk and never exist in full. The fused loss needs
   the whole output-head weight on the rank, so it is used with `train.parallel: ddp` only (FSDP and ZeRO-3
   shard it); the other kernels work with all three.
-- `liger-loss`: the fused linear + cross-entropy alone (with `train.compile`, which fuses the rest).
+- `liger-loss`: the fused linear + cross-entropy alone (with `train.compile`, which fuses the rest). With
+  gpuval's own loss kernel (the default) it needs no Liger at all.
 - `torch`: transformers' own modules and `F.cross_entropy` over the full logits.
-- `auto`: on a GPU with the package installed, liger (liger-loss with `train.compile`); torch otherwise.
+- `auto`: on a GPU, liger-loss with `train.compile`, else liger where the package is installed and
+  liger-loss where not; torch on a CPU.
 
 Which fused linear + cross-entropy runs is `train.loss_kernel`: gpuval's chunked one by default
 (linear_ce.py: the same computation without Liger's host reads, in larger chunks), or Liger's.
@@ -278,26 +280,34 @@ def flatten_for_varlen(
 # -- Liger-Kernel ----------------------------------------------------------------------------------------
 
 
-def resolve_kernels(setting: str, on_gpu: bool, compiled: bool = False) -> str:
-    """`liger`, `liger-loss` or `torch` for `train.kernels`. auto: on a GPU with Liger installed, liger, or
-    liger-loss when the layers are compiled (measured faster: benchmarks/NOTES.md); torch otherwise."""
+def resolve_kernels(setting: str, on_gpu: bool, compiled: bool = False, loss_kernel: str = "auto") -> str:
+    """`liger`, `liger-loss` or `torch` for `train.kernels`, with `train.loss_kernel`. auto on a GPU:
+    liger-loss when the layers are compiled (compiling fuses the rest: measured faster, benchmarks/NOTES.md),
+    else liger where Liger-Kernel is installed and liger-loss where it is not; torch on a CPU. The fused loss
+    of liger-loss and liger is gpuval's own (linear_ce.py) unless `loss_kernel` is liger, so only Liger's
+    model kernels (liger) and Liger's loss need the package."""
     available = on_gpu and _liger_installed()
-    if setting == "auto":
-        return ("liger-loss" if compiled else "liger") if available else "torch"
-    if setting.startswith("liger") and not available:
+    if loss_kernel == "liger" and setting != "torch" and not available:
         why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install 'gpuval[gpu]'"
-        raise UsageError(f"train.kernels={setting}: Liger-Kernel {why}; set train.kernels=torch")
+        raise UsageError(f"train.loss_kernel=liger: Liger-Kernel {why}; set train.loss_kernel=auto")
+    if setting == "auto":
+        if not on_gpu:
+            return "torch"
+        return "liger" if available and not compiled else "liger-loss"
+    if setting == "liger" and not available:
+        why = "runs on CUDA GPUs only" if not on_gpu else "is not installed: pip install 'gpuval[gpu]'"
+        raise UsageError(f"train.kernels=liger: Liger-Kernel {why}; set train.kernels=liger-loss or torch")
     return setting
 
 
-def unfused_note(setting: str, on_gpu: bool, resolved: str) -> str | None:
-    """The start-up line when `auto` fell back to transformers' kernels on a GPU because Liger-Kernel is not
-    installed (the fast step needs its fused loss: without it the logits are materialised), else None."""
-    if setting != "auto" or not on_gpu or resolved != "torch":
+def missing_liger_note(setting: str, on_gpu: bool, resolved: str, compiled: bool) -> str | None:
+    """The start-up line when `auto` on a GPU ran uncompiled layers without Liger's RMSNorm, SwiGLU and RoPE
+    because Liger-Kernel is not installed (the fused loss is gpuval's own either way), else None."""
+    if setting != "auto" or not on_gpu or compiled or resolved != "liger-loss":
         return None
     return (
-        "kernels: Liger-Kernel is not installed: its fused linear + cross-entropy, RMSNorm, SwiGLU and RoPE "
-        "fall back to transformers' own (slower, full logits in memory); pip install 'gpuval[gpu]'"
+        "kernels: Liger-Kernel is not installed: RMSNorm, SwiGLU and RoPE are transformers' own in these "
+        "uncompiled layers (slower; the fused loss is gpuval's own); pip install 'gpuval[gpu]'"
     )
 
 

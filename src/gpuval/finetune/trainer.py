@@ -65,10 +65,10 @@ from gpuval.finetune.kernels import (
     LastMlpRows,
     LossHead,
     apply_liger,
+    missing_liger_note,
     resolve_attention,
     resolve_kernels,
     resolve_row_kernel,
-    unfused_note,
     use_varlen_attention,
 )
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
@@ -142,9 +142,9 @@ def train(
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
-    kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled)
-    if (note := unfused_note(t.kernels, runtime.on_gpu, kernels)) and runtime.is_main:
-        print(note, file=sys.stderr)  # said even when quiet (bench train): it costs speed and memory
+    kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled, t.loss_kernel)
+    if (note := missing_liger_note(t.kernels, runtime.on_gpu, kernels, compiled)) and runtime.is_main:
+        print(note, file=sys.stderr)  # said even when quiet (bench train): it costs speed
     # The fused loss takes the output head out of the model; only where the head is whole on every rank.
     fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
     if t.loss_kernel != "auto" and not fusable:  # a choice that would be silently ignored
