@@ -302,12 +302,13 @@ def resolve_kernels(setting: str, on_gpu: bool, compiled: bool = False, loss_ker
 
 def missing_liger_note(setting: str, on_gpu: bool, resolved: str, compiled: bool) -> str | None:
     """The start-up line when `auto` on a GPU ran uncompiled layers without Liger's RMSNorm, SwiGLU and RoPE
-    because Liger-Kernel is not installed (the fused loss is gpuval's own either way), else None."""
+    because Liger-Kernel is not installed (the fused loss, where the run has one, is gpuval's own either
+    way), else None."""
     if setting != "auto" or not on_gpu or compiled or resolved != "liger-loss":
         return None
     return (
-        "kernels: Liger-Kernel is not installed: RMSNorm, SwiGLU and RoPE are transformers' own in these "
-        "uncompiled layers (slower; the fused loss is gpuval's own); pip install 'gpuval[gpu]'"
+        "kernels: Liger-Kernel is not installed: RMSNorm, SwiGLU and RoPE in these uncompiled layers are "
+        "transformers' own (slower); pip install 'gpuval[gpu]'"
     )
 
 
