@@ -20,7 +20,10 @@ alone, beside other ways to run the same arithmetic:
 - `lm_head`: Liger's fused loss computes the logits in chunks of 256 labelled rows here; the logits product
   and its input gradient for chunks of 256 to 4,096 rows, as TFLOP/s;
 - `norm_dropout`: the compiled RMSNorm with the residual add, with and without LoRA's dropout on its
-  output (what the dropout costs in the kernel that makes it).
+  output (what the dropout costs in the kernel that makes it);
+- `triton_products`: the 3,584-column products (and one of 18,944 columns) through cuBLAS and through
+  inductor's best Triton template, persistent TMA ones included, timed in turn: whether a product of
+  gpuval's own could escape cuBLAS's tail wave.
 
 Each timing: warm-up, then `--windows` windows of `--reps` back-to-back launches between two CUDA events;
 the median window's mean per launch, with the min and max windows. Inputs are random normal bf16 (non-zero)
@@ -253,12 +256,55 @@ def norm_dropout(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def triton_products(args: argparse.Namespace) -> dict[str, Any]:
+    """The MLP products whose output is the hidden size (3,584 columns: wave-quantised in cuBLAS's tiles,
+    benchmarks/NOTES.md) and one with 18,944 columns, each as cuBLAS runs it (eager `a @ b`) and as
+    inductor's fastest Triton template (max-autotune over Triton only, persistent TMA templates included),
+    timed in turn `--windows` times so that both see the same power states."""
+    import torch
+
+    m = args.rows
+    down = _randn(HIDDEN, MLP)  # nn.Linear layouts (out, in): down (3,584 x 18,944), gate (18,944 x 3,584)
+    gate = _randn(MLP, HIDDEN)
+    products = {  # name: (a, b) for a @ b, in the layouts the step's forward and backward use
+        "down_forward": (_randn(m, MLP), down.t()),  # h @ W_down^T: 3,584 columns
+        "gate_input_grad": (_randn(m, MLP), gate),  # d(gate) @ W_gate: 3,584 columns
+        "gate_forward": (_randn(m, HIDDEN), gate.t()),  # x @ W_gate^T: 18,944 columns
+    }
+    options = {
+        "max_autotune": True,
+        "max_autotune_gemm_backends": "TRITON",
+        "triton.enable_persistent_tma_matmul": True,
+    }
+    out: dict[str, Any] = {}
+    for name, (a, b) in products.items():
+        flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+        triton = torch.compile(lambda x, y: x @ y, options=options, dynamic=False)
+        torch.testing.assert_close(triton(a, b).float(), (a @ b).float(), rtol=2e-2, atol=2e-1)
+        once = argparse.Namespace(reps=args.reps, windows=1)
+        runs: dict[str, list[float]] = {"cublas": [], "triton": []}
+        for _ in range(args.windows):
+            runs["cublas"].append(timed(lambda a=a, b=b: a @ b, once)["ms"])
+            runs["triton"].append(timed(lambda a=a, b=b, t=triton: t(a, b), once)["ms"])
+        out[name] = {
+            kind: {
+                "ms": statistics.median(ms),
+                "ms_min": min(ms),
+                "ms_max": max(ms),
+                "tflops": flops / (statistics.median(ms) / 1e3) / 1e12,
+            }
+            for kind, ms in runs.items()
+        }
+    return out
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "gate_up_input_grad": gate_up_input_grad,
     "gate_up_forward": gate_up_forward,
     "down_forward": down_forward,
     "lm_head": lm_head,
     "norm_dropout": norm_dropout,
+    "triton_products": triton_products,
 }
 
 
