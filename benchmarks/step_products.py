@@ -23,7 +23,9 @@ alone, beside other ways to run the same arithmetic:
   output (what the dropout costs in the kernel that makes it);
 - `triton_products`: the 3,584-column products (and one of 18,944 columns) through cuBLAS and through
   inductor's best Triton template, persistent TMA ones included, timed in turn: whether a product of
-  gpuval's own could escape cuBLAS's tail wave.
+  gpuval's own could escape cuBLAS's tail wave;
+- `split_products`: the same 3,584-column products as column groups (1,792 + 1,792, 2,048 + 1,536, ...),
+  each group its own cuBLAS product, timed in turn with the whole: whether a split tiles into whole waves.
 
 Each timing: warm-up, then `--windows` windows of `--reps` back-to-back launches between two CUDA events;
 the median window's mean per launch, with the min and max windows. Inputs are random normal bf16 (non-zero)
@@ -298,6 +300,56 @@ def triton_products(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def split_products(args: argparse.Namespace) -> dict[str, Any]:
+    """The two kinds of 3,584-column MLP product (down forward, gate input gradient) whole and as column
+    groups computed one after the other (each group its own product with its own output), timed in turn
+    with the whole product: whether some split of the 3,584 columns gives cuBLAS tilings without the tail
+    wave. The split outputs are not joined here (in the step the consumer would read them in place)."""
+    import torch
+
+    m = args.rows
+    down, gate = _randn(HIDDEN, MLP), _randn(MLP, HIDDEN)
+    products = {"down_forward": (_randn(m, MLP), down.t()), "gate_input_grad": (_randn(m, MLP), gate)}
+    splits = {
+        "1792+1792": (1792, 1792),
+        "2048+1536": (2048, 1536),
+        "1536+2048": (1536, 2048),
+        "1024x3+512": (1024, 1024, 1024, 512),
+        "2304+1280": (2304, 1280),
+    }
+    out: dict[str, Any] = {}
+    for name, (a, b) in products.items():
+        flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+        parts = {
+            label: [
+                b[:, sum(w[:i]) : sum(w[: i + 1])].contiguous()
+                if b.is_contiguous()
+                else b[:, sum(w[:i]) : sum(w[: i + 1])]
+                for i in range(len(w))
+            ]
+            for label, w in splits.items()
+        }
+        for pieces in parts.values():  # the same numbers, column group by column group
+            joined = torch.cat([a @ piece for piece in pieces], 1).float()
+            torch.testing.assert_close(joined, (a @ b).float(), rtol=2e-2, atol=2e-1)
+        once = argparse.Namespace(reps=args.reps, windows=1)
+        runs: dict[str, list[float]] = {"whole": [], **{label: [] for label in parts}}
+        for _ in range(args.windows):
+            runs["whole"].append(timed(lambda a=a, b=b: a @ b, once)["ms"])
+            for label, pieces in parts.items():
+                runs[label].append(timed(lambda a=a, p=pieces: [a @ piece for piece in p], once)["ms"])
+        out[name] = {
+            kind: {
+                "ms": statistics.median(ms),
+                "ms_min": min(ms),
+                "ms_max": max(ms),
+                "tflops": flops / (statistics.median(ms) / 1e3) / 1e12,
+            }
+            for kind, ms in runs.items()
+        }
+    return out
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "gate_up_input_grad": gate_up_input_grad,
     "gate_up_forward": gate_up_forward,
@@ -305,6 +357,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "lm_head": lm_head,
     "norm_dropout": norm_dropout,
     "triton_products": triton_products,
+    "split_products": split_products,
 }
 
 
