@@ -98,6 +98,9 @@ class TrainBenchOptions(BaseModel):
     fuse_gate_up: bool | Literal["auto"] = Field(
         False, description="the MLP's gate and up as one product (finetune; off: measured slower)"
     )
+    split_products: bool | Literal["auto"] = Field(
+        "auto", description="hidden-size products as two column groups (finetune); auto: compiled on a GPU"
+    )
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto", description="the fused loss: gpuval's chunked one or Liger's (finetune); auto: chunked"
     )
@@ -221,6 +224,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "fuse_qkv": options.fuse_qkv,
                     "last_mlp_rows": options.last_mlp_rows,
                     "fuse_gate_up": options.fuse_gate_up,
+                    "split_products": options.split_products,
                     "loss_kernel": options.loss_kernel,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
@@ -280,6 +284,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "fused_qkv": summary["fused_qkv"],  # what ran, after auto
             "last_mlp_rows": summary["last_mlp_rows"],
             "fused_gate_up": summary["fused_gate_up"],
+            "split_products": summary["split_products"],
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

@@ -182,6 +182,11 @@ class TrainSettings(_Strict):
         "ddp. Off by default: 0.7 % slower than two products in the bf16 step on one H100 "
         "(benchmarks/NOTES.md)",
     )
+    split_products: bool | Literal["auto"] = Field(
+        "auto",
+        description="the MLP's products that write hidden-size rows as two column groups (finetune/"
+        "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers",
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,
