@@ -1,24 +1,25 @@
-"""The MLP's products whose output is the hidden size, as two groups of output columns
+"""The products whose output or input is the hidden size, in two groups of those columns
 (`train.split_products`, issue 23).
 
-Three of a frozen gated MLP's six big products write hidden-size rows: the down projection's forward and
-the gate and up projections' input gradients. On an H100 with Qwen2-7B's 3,584 columns and 12,288 rows
-those ran 5–10 % slower than the same FLOPs writing 18,944 columns: cuBLAS's 192 × 192 tiles cover
-12,288 × 3,584 in 9.2 waves of 132 SMs, so the tenth wave runs a fifth full and the last tile column is a
-third empty (benchmarks/NOTES.md). Timed alone, each of those products ran 4–8 % faster as two products over
+Qwen2-7B's hidden size is 3,584. On an H100, a product writing 12,288 × 3,584 (the MLP's down projection
+forward, the gate and up projections' input gradients, the attention's o-projection both ways and the q/k/v
+input gradient) ran 5–10 % slower than the same FLOPs writing 18,944 columns: cuBLAS's 192 × 192 tiles
+cover it in 9.2 waves of 132 SMs, so the tenth wave runs a fifth full and the last tile column is a third
+empty (benchmarks/NOTES.md). Timed alone, the MLP's such products ran 4–8 % faster as two products over
 column groups, 2,048 + 1,536 being the best of five splits
 (benchmarks/results/2026-11-27-h100x1-split-products/): cuBLAS tiles the narrower outputs differently.
 
-So, for a width that is not a power of two, the width is split into the largest power of two below it and
-the rest (`column_groups`); each such product runs as one product per group, and the groups are joined with
-`torch.cat`, which inductor folds into the kernel that reads the result (the residual add, the norm's
-backward), so no copy is made in compiled layers. The arithmetic is unchanged: every output element is the
-same dot product over the same inner dimension, so results match the whole product up to the order of
-float additions inside cuBLAS. The other three products (writing the intermediate size) stay whole.
+So, for a hidden size that is not a power of two, it is split into the largest power of two below it and
+the rest (`column_groups`), and every frozen `nn.Linear` of the decoder layers computes its hidden-size
+side in those groups: its forward per group of output columns when its output is hidden-size wide, its
+input gradient per group of input columns when its input is. The groups are joined with `torch.cat`, which
+inductor folds into the kernel that reads the result (the residual add, the norm's backward), so compiled
+layers make no copy. The arithmetic is unchanged: every element is the same dot product over the same inner
+dimension, so results match the whole product up to the order of float additions inside cuBLAS.
 
-Only MLPs of three frozen, bias-free `nn.Linear`s (`gate_proj`, `up_proj`, `down_proj`: LoRA on attention
-only, bf16 products) are changed; an MLP with an adapter, FP8 products or the fused gate/up is left as it
-is. The module tree and state dict are untouched: only the MLP instance's `forward` is replaced.
+Frozen linears only (their weights get no gradient here): PEFT's base layers, the MLP's projections and
+fused_qkv's concatenated product; an adapter, an FP8 product or the fused gate/up is left as it is. The
+module tree and state dict are untouched: only each linear instance's `forward` is replaced.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
-
-PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool) -> bool:
@@ -54,72 +53,75 @@ def _bounds(groups: list[int]) -> list[tuple[int, int]]:
     return list(zip([0, *ends[:-1]], ends, strict=True))
 
 
-class _OutputGroups(torch.autograd.Function):
-    """`x Wᵀ` for a frozen W `(out, in)`: the forward as one product per group of output columns, the
-    input gradient as one whole product."""
+class _Grouped(torch.autograd.Function):
+    """`x Wᵀ + b` for a frozen W `(out, in)` (and bias): the forward as one product per group of output
+    columns when `out_groups` is given, else whole; the input gradient as one product per group of input
+    columns when `in_groups` is given, else whole. No gradient for W or b (frozen)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, groups: list[int]) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_groups: list[int] | None,
+        in_groups: list[int] | None,
+    ) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return torch.cat([F.linear(x, weight[a:b]) for a, b in _bounds(groups)], dim=-1)
+        ctx.in_groups = in_groups
+        if out_groups is None:
+            return F.linear(x, weight, bias)
+        return torch.cat(
+            [F.linear(x, weight[a:b], None if bias is None else bias[a:b]) for a, b in _bounds(out_groups)],
+            dim=-1,
+        )
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        (weight,) = ctx.saved_tensors
-        return grad @ weight.to(grad.dtype), None, None
-
-
-class _InputGradGroups(torch.autograd.Function):
-    """`x Wᵀ` for a frozen W `(out, in)`: the forward as one whole product, the input gradient as one
-    product per group of input columns."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, groups: list[int]) -> torch.Tensor:
-        ctx.save_for_backward(weight)
-        ctx.groups = groups
-        return F.linear(x, weight)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         (weight,) = ctx.saved_tensors
         weight = weight.to(grad.dtype)
-        return torch.cat([grad @ weight[:, a:b] for a, b in _bounds(ctx.groups)], dim=-1), None, None
+        if ctx.in_groups is None:
+            return grad @ weight, None, None, None, None
+        parts = [grad @ weight[:, a:b] for a, b in _bounds(ctx.in_groups)]
+        return torch.cat(parts, dim=-1), None, None, None, None
 
 
-def _splittable(mlp: Any) -> bool:
-    parts = [getattr(mlp, name, None) for name in PROJECTIONS]
-    return hasattr(mlp, "act_fn") and all(
-        type(p) is torch.nn.Linear and p.bias is None and not p.weight.requires_grad for p in parts
-    )
+def _frozen_linears(layer: Any) -> list[torch.nn.Linear]:
+    """The frozen `nn.Linear`s a decoder layer runs: every one in its module tree (PEFT's base layers
+    included) and the concatenated q/k/v product of fused_qkv, which is outside the tree."""
+    found = [m for m in layer.modules() if type(m) is torch.nn.Linear and not m.weight.requires_grad]
+    for module in layer.modules():
+        base = getattr(getattr(module.forward, "__self__", None), "base", None)  # a FusedQKV's product
+        if type(base) is torch.nn.Linear and not base.weight.requires_grad and base not in found:
+            found.append(base)
+    return found
 
 
-def split_mlp_products(layers: list[Any], required: bool = False) -> int:
-    """Give every splittable MLP in `layers` (module docstring) the grouped products; returns how many.
-    Before LastMlpRows.attach, which wraps the MLP's forward as it finds it. `required` (the setting was
-    true): none splittable, or a hidden size that is a power of two, is an error."""
+def split_products(layers: list[Any], hidden: int, required: bool = False) -> int:
+    """Compute every frozen linear's hidden-size side in column groups (`column_groups(hidden)`): its
+    forward when its output is `hidden` wide, its input gradient when its input is. Returns how many linears
+    changed. `required` (the setting was true): none changed is an error."""
+    groups = column_groups(hidden)
     count = 0
-    for layer in layers:
-        mlp = getattr(layer, "mlp", None)
-        if mlp is None or not _splittable(mlp):
-            continue
-        groups = column_groups(mlp.down_proj.out_features)
-        if len(groups) == 1:
-            continue
-        mlp.forward = _grouped_forward(mlp, groups)
-        count += 1
+    for layer in layers if len(groups) > 1 else []:
+        for linear in _frozen_linears(layer):
+            out_groups = groups if linear.out_features == hidden else None
+            in_groups = groups if linear.in_features == hidden else None
+            if out_groups or in_groups:
+                linear.forward = _grouped_forward(linear, out_groups, in_groups)
+                count += 1
     if required and not count:
         raise UsageError(
-            "train.split_products=true: no MLP of three frozen bias-free linears with a hidden size that is "
-            "not a power of two (LoRA on gate/up/down, fp8-base or fuse_gate_up change them): set "
-            "train.split_products=auto"
+            f"train.split_products=true: no frozen linear with a side of the hidden size ({hidden}) that is "
+            "not a power of two (fp8-base and fuse_gate_up replace them): set train.split_products=auto"
         )
     return count
 
 
-def _grouped_forward(mlp: Any, groups: list[int]) -> Any:
+def _grouped_forward(
+    linear: torch.nn.Linear, out_groups: list[int] | None, in_groups: list[int] | None
+) -> Any:
     def forward(x: torch.Tensor) -> torch.Tensor:
-        gate = _InputGradGroups.apply(x, mlp.gate_proj.weight, groups)
-        up = _InputGradGroups.apply(x, mlp.up_proj.weight, groups)
-        return _OutputGroups.apply(mlp.act_fn(gate) * up, mlp.down_proj.weight, groups)
+        return _Grouped.apply(x, linear.weight, linear.bias, out_groups, in_groups)
 
     return forward

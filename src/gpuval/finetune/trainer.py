@@ -76,7 +76,7 @@ from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_
 from gpuval.finetune.packing import pack_with_stats, packs_s_eff
 from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
 from gpuval.finetune.pending import PendingStep
-from gpuval.finetune.split_products import resolve_split_products, split_mlp_products
+from gpuval.finetune.split_products import resolve_split_products, split_products
 from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 
@@ -206,7 +206,7 @@ def train(
     loss_kernel = "liger" if t.loss_kernel == "liger" else "chunked"
     loss_head = LossHead.fuse(model.get_base_model(), loss_kernel) if fusable else LossHead.plain()
     split = resolve_split_products(t.split_products, runtime.on_gpu, compiled)  # before LastMlpRows
-    split_mlps = split_mlp_products(layers, t.split_products is True) if split else 0
+    split_linears = split_products(layers, model.config.hidden_size, t.split_products is True) if split else 0
     last_mlp = LastMlpRows.attach(layers) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
         for layer in layers:
@@ -411,7 +411,7 @@ def train(
         "fused_qkv": fused_attention > 0,
         "last_mlp_rows": "labelled" if last_mlp is not None else "all",
         "fused_gate_up": fused_mlps > 0,
-        "split_products": split_mlps > 0,
+        "split_products": split_linears > 0,
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
