@@ -42,6 +42,7 @@ def test_setting_auto_means_compiled_layers_on_a_gpu():
     assert not resolve_split_products("auto", on_gpu=False, compiled=True)
     assert resolve_split_products(True, on_gpu=False, compiled=False)
     assert not resolve_split_products(False, on_gpu=True, compiled=True)
+    assert not resolve_split_products("auto", on_gpu=True, compiled=True, parallel="fsdp")  # not measured
 
 
 @pytest.mark.parametrize(

@@ -99,7 +99,8 @@ class TrainBenchOptions(BaseModel):
         False, description="the MLP's gate and up as one product (finetune; off: measured slower)"
     )
     split_products: bool | Literal["auto"] = Field(
-        "auto", description="hidden-size products as two column groups (finetune); auto: compiled on a GPU"
+        "auto",
+        description="hidden-size products as two column groups (finetune); auto: compiled on a GPU, ddp",
     )
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto", description="the fused loss: gpuval's chunked one or Liger's (finetune); auto: chunked"

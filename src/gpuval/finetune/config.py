@@ -185,7 +185,7 @@ class TrainSettings(_Strict):
     split_products: bool | Literal["auto"] = Field(
         "auto",
         description="the MLP's products that write hidden-size rows as two column groups (finetune/"
-        "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers",
+        "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers under ddp",
     )
     profile_steps: StrictInt = Field(
         0,

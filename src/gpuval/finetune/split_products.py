@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from gpuval.errors import UsageError
 
 
-def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool) -> bool:
-    """`train.split_products` as it will run. auto: on a GPU with compiled layers (in eager layers the
-    join is a copy of its own)."""
+def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool, parallel: str = "ddp") -> bool:
+    """`train.split_products` as it will run. auto: on a GPU with compiled layers under ddp (in eager layers
+    the join is a copy of its own; under FSDP and ZeRO-3 it was not measured)."""
     if setting == "auto":
-        return on_gpu and compiled
+        return on_gpu and compiled and parallel == "ddp"
     return bool(setting)
 
 

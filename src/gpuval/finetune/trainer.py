@@ -205,7 +205,9 @@ def train(
     fp8_linears = _products_in_fp8(layers)
     loss_kernel = "liger" if t.loss_kernel == "liger" else "chunked"
     loss_head = LossHead.fuse(model.get_base_model(), loss_kernel) if fusable else LossHead.plain()
-    split = resolve_split_products(t.split_products, runtime.on_gpu, compiled)  # before LastMlpRows
+    split = resolve_split_products(
+        t.split_products, runtime.on_gpu, compiled, t.parallel
+    )  # before LastMlpRows
     split_linears = split_products(layers, model.config.hidden_size, t.split_products is True) if split else 0
     last_mlp = LastMlpRows.attach(layers) if t.last_mlp_rows == "labelled" else None
     if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
