@@ -37,6 +37,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "fused_qkv": False,
         "last_mlp_rows": "labelled",
         "fused_gate_up": False,
+        "split_products": False,
     }
 
 
