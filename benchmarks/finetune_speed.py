@@ -79,6 +79,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
     "gpuval-whole-products": {"split_products": False},  # hidden-size products whole: what splitting buys
+    "gpuval-torch-dropout": {"dropout_kernel": "torch"},  # nn.Dropout's mask: what the packed one buys
     "gpuval-fused-mlp": {"fuse_gate_up": True},  # the MLP's gate/up as one product (off by default: slower)
     "gpuval-liger-loss": {"loss_kernel": "liger"},  # Liger's fused loss (host reads, 256-row chunks)
     "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper), as shipped

@@ -20,7 +20,8 @@ alone, beside other ways to run the same arithmetic:
 - `lm_head`: Liger's fused loss computes the logits in chunks of 256 labelled rows here; the logits product
   and its input gradient for chunks of 256 to 4,096 rows, as TFLOP/s;
 - `norm_dropout`: the compiled RMSNorm with the residual add, with and without LoRA's dropout on its
-  output (what the dropout costs in the kernel that makes it);
+  output (what the dropout costs in the kernel that makes it), and with gpuval's packed-mask dropout
+  (finetune/packed_dropout.py);
 - `triton_products`: the 3,584-column products (and one of 18,944 columns) through cuBLAS and through
   inductor's best Triton template, persistent TMA ones included, timed in turn: whether a product of
   gpuval's own could escape cuBLAS's tail wave;
@@ -250,11 +251,21 @@ def norm_dropout(args: argparse.Namespace) -> dict[str, Any]:
         hidden, normed = norm(residual, delta)
         return hidden, normed, torch.nn.functional.dropout(normed, 0.05, training=True)
 
+    from gpuval.finetune.packed_dropout import PackedDropout
+
+    packed = PackedDropout(0.05)
+
+    def norm_and_packed_dropout(residual: Any, delta: Any) -> Any:
+        hidden, normed = norm(residual, delta)
+        return hidden, normed, packed(normed)
+
     plain = torch.compile(norm)
     with_dropout = torch.compile(norm_and_dropout)
+    with_packed = torch.compile(norm_and_packed_dropout)
     return {
         "norm": timed(lambda: plain(residual, delta), args),
         "norm_and_dropout": timed(lambda: with_dropout(residual, delta), args),
+        "norm_and_packed_dropout": timed(lambda: with_packed(residual, delta), args),
     }
 
 

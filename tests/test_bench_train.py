@@ -38,6 +38,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "last_mlp_rows": "labelled",
         "fused_gate_up": False,
         "split_products": False,
+        "dropout_kernel": "torch",
     }
 
 

@@ -105,6 +105,9 @@ class TrainBenchOptions(BaseModel):
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto", description="the fused loss: gpuval's chunked one or Liger's (finetune); auto: chunked"
     )
+    dropout_kernel: Literal["auto", "packed", "torch"] = Field(
+        "auto", description="LoRA's dropout mask: packed bits or nn.Dropout's (finetune); auto: compiled GPU"
+    )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )
@@ -227,6 +230,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "fuse_gate_up": options.fuse_gate_up,
                     "split_products": options.split_products,
                     "loss_kernel": options.loss_kernel,
+                    "dropout_kernel": options.dropout_kernel,
                     "profile_steps": 2 if options.profile_dir else 0,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
@@ -286,6 +290,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "last_mlp_rows": summary["last_mlp_rows"],
             "fused_gate_up": summary["fused_gate_up"],
             "split_products": summary["split_products"],
+            "dropout_kernel": summary["dropout_kernel"],
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

@@ -187,6 +187,12 @@ class TrainSettings(_Strict):
         description="the MLP's products that write hidden-size rows as two column groups (finetune/"
         "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers under ddp",
     )
+    dropout_kernel: Literal["auto", "packed", "torch"] = Field(
+        "auto",
+        description="LoRA's dropout: packed (its keep-mask drawn eight elements per random draw by "
+        "gpuval's kernel, finetune/packed_dropout.py) or torch (nn.Dropout); auto: packed on a GPU with "
+        "compiled layers",
+    )
     profile_steps: StrictInt = Field(
         0,
         ge=0,

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError
-from gpuval.finetune.fp8 import fused_base
+from gpuval.finetune.fp8 import Fp8Linear, fused_base
 from gpuval.finetune.fused_qkv import concatenate_linears
 
 PROJECTIONS = ("gate_proj", "up_proj")
@@ -152,4 +152,14 @@ def fusable(parts: list[Any]) -> bool:
         len({p.in_features for p in parts}) == 1
         and len({(p.weight.dtype, p.weight.device) for p in parts}) == 1
         and len({p.bias is None for p in parts}) == 1
+    )
+
+
+def products_in_fp8(layers: list[torch.nn.Module]) -> int:
+    """Frozen linears whose products run in FP8, counted in the layers as they now are: the parts of a
+    fused q/k/v or gate/up count one each, as the linears they replace."""
+    return sum(
+        isinstance(m, Fp8Linear) or (isinstance(m, GateUpPart) and isinstance(m.fused.base, Fp8Linear))
+        for layer in layers
+        for m in layer.modules()
     )

@@ -53,13 +53,12 @@ from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
 from gpuval.finetune.fp8 import (
-    Fp8Linear,
     convert_frozen_linears,
     excluded_linears,
     resolve_exclude,
     resolve_precision,
 )
-from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up, resolve_fuse_gate_up
+from gpuval.finetune.fused_mlp import fuse_gate_up, products_in_fp8, resolve_fuse_gate_up
 from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
 from gpuval.finetune.kernels import (
     LastMlpRows,
@@ -73,6 +72,7 @@ from gpuval.finetune.kernels import (
 )
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
+from gpuval.finetune.packed_dropout import resolve_dropout_kernel, use_packed_dropout
 from gpuval.finetune.packing import pack_with_stats, packs_s_eff
 from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
 from gpuval.finetune.pending import PendingStep
@@ -186,6 +186,8 @@ def train(
         "input_grad_fp8": t.fp8_input_grad,
         "exclude": excluded_linears(layers, resolve_exclude(t.fp8_exclude)) if fp8 else frozenset(),
     }
+    dropout_kernel = resolve_dropout_kernel(t.dropout_kernel, runtime.on_gpu, compiled)
+    packed_dropouts = use_packed_dropout(layers) if dropout_kernel == "packed" else 0  # before fuse_qkv
     fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
     if t.fuse_qkv is True and not fused_attention:
         raise UsageError(
@@ -202,7 +204,7 @@ def train(
         )
     if fp8:
         convert_frozen_linears(layers, **fp8_options)
-    fp8_linears = _products_in_fp8(layers)
+    fp8_linears = products_in_fp8(layers)
     loss_kernel = "liger" if t.loss_kernel == "liger" else "chunked"
     loss_head = LossHead.fuse(model.get_base_model(), loss_kernel) if fusable else LossHead.plain()
     split = resolve_split_products(
@@ -414,6 +416,7 @@ def train(
         "last_mlp_rows": "labelled" if last_mlp is not None else "all",
         "fused_gate_up": fused_mlps > 0,
         "split_products": split_linears > 0,
+        "dropout_kernel": "packed" if packed_dropouts else "torch",
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -424,16 +427,6 @@ def train(
     if runtime.is_main:
         write_text_atomic(output / SUMMARY_JSON, json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _products_in_fp8(layers: list[torch.nn.Module]) -> int:
-    """Frozen linears whose products run in FP8, counted in the layers as they now are: the parts of a
-    fused q/k/v or gate/up count one each, as the linears they replace."""
-    return sum(
-        isinstance(m, Fp8Linear) or (isinstance(m, GateUpPart) and isinstance(m.fused.base, Fp8Linear))
-        for layer in layers
-        for m in layer.modules()
-    )
 
 
 def _start_profiler(on_gpu: bool) -> Any:
