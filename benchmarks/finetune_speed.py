@@ -109,7 +109,15 @@ INDUCTOR: dict[str, dict[str, Any]] = {
     # (results/2026-11-27-h100x1-step-layout/)
     "gpuval-autotune": {"max_autotune_gemm": True, "triton.enable_persistent_tma_matmul": True},
 }
+# gpuval variants that set a module attribute of gpuval's in the bench train process before it runs: the
+# way a change was made before, kept to measure the change against it on the same machine.
+PATCHES: dict[str, dict[str, Any]] = {
+    # the split products' input-gradient groups joined by torch.cat, which inductor reads inside the norm's
+    # backward (before 2026-11-27's column_grouped_mm, NOTES.md item 26)
+    "gpuval-cat-input-grad": {"gpuval.finetune.split_products.JOIN_INPUT_GRADIENT": "cat"},
+}
 VARIANTS.update({name: {} for name in INDUCTOR})
+VARIANTS.update({name: {} for name in PATCHES})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
@@ -267,8 +275,11 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "train.json"
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
-        if name in INDUCTOR:  # the same command, after setting inductor's config in that process
-            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR[name].items())
+        if name in INDUCTOR or name in PATCHES:  # the same command, after setting them in that process
+            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR.get(name, {}).items())
+            for path, value in PATCHES.get(name, {}).items():
+                module, attribute = path.rsplit(".", 1)
+                settings += f"import {module}; setattr({module}, {attribute!r}, {value!r}); "
             start = "import runpy, sys; import torch._inductor.config as config; " + settings
             start += "sys.argv = ['gpuval', *sys.argv[1:]]; runpy.run_module('gpuval', run_name='__main__')"
             command = [sys.executable, "-c", start, *command[3:]]

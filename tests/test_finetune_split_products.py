@@ -18,7 +18,12 @@ from test_finetune_fused_qkv import QKVO, lora_model  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.fused_qkv import fuse_qkv  # noqa: E402
 from gpuval.finetune.kernels import LastMlpRows  # noqa: E402
-from gpuval.finetune.split_products import column_groups, resolve_split_products, split_products  # noqa: E402
+from gpuval.finetune.split_products import (  # noqa: E402
+    column_grouped_mm,
+    column_groups,
+    resolve_split_products,
+    split_products,
+)
 
 HIDDEN = 192  # the tiny model's hidden size: groups of 128 and 64
 PER_LAYER = (
@@ -86,6 +91,18 @@ def test_only_frozen_plain_linears_change_and_true_with_none_is_an_error():
     assert split_products(layers, 256) == 0  # no side of a power-of-two width is split
     with pytest.raises(UsageError, match=r"^train.split_products=true: no frozen linear"):
         split_products(layers, 4096, required=True)
+
+
+@pytest.mark.parametrize("ends", [[7], [4, 7], [1, 3, 7]])
+def test_the_column_grouped_product_is_the_whole_product_in_one_plain_buffer(ends):
+    generator = torch.Generator().manual_seed(len(ends))
+    a = torch.randn(5, 6, dtype=torch.float64, generator=generator)
+    b = torch.randn(6, 7, dtype=torch.float64, generator=generator)
+    out = column_grouped_mm(a, b, ends)
+    assert out.is_contiguous() and out.shape == (5, 7)
+    torch.testing.assert_close(out, a @ b, rtol=1e-12, atol=1e-12)  # every column group written
+    compiled = torch.compile(lambda a, b: column_grouped_mm(a, b, ends) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(a, b), 2 * (a @ b), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.slow

@@ -12,10 +12,12 @@ column groups, 2,048 + 1,536 being the best of five splits
 So, for a hidden size that is not a power of two, it is split into the largest power of two below it and
 the rest (`column_groups`), and every frozen `nn.Linear` of the decoder layers computes its hidden-size
 side in those groups: its forward per group of output columns when its output is hidden-size wide, its
-input gradient per group of input columns when its input is. The groups are joined with `torch.cat`, which
-inductor folds into the kernel that reads the result (the residual add, the norm's backward), so compiled
-layers make no copy. The arithmetic is unchanged: every element is the same dot product over the same inner
-dimension, so results match the whole product up to the order of float additions inside cuBLAS.
+input gradient per group of input columns when its input is. The forward's groups are joined with
+`torch.cat`, which inductor folds into the elementwise kernel that reads the result (the residual add), so
+compiled layers make no copy. The input gradient's groups are written by cuBLAS straight into the columns of
+one buffer (`column_grouped_mm`): folded into the norm's backward, a reduction, the join cost that kernel
+about 60 µs a layer on an H100. The arithmetic is unchanged: every element is the same dot product over the
+same inner dimension, so results match the whole product up to the order of float additions inside cuBLAS.
 
 Frozen linears only (their weights get no gradient here): PEFT's base layers, the MLP's projections and
 fused_qkv's concatenated product; an adapter, an FP8 product or the fused gate/up is left as it is. The
@@ -30,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+
+JOIN_INPUT_GRADIENT = "buffer"  # "cat": the input gradient's groups joined by torch.cat (slower, item 26)
 
 
 def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool, parallel: str = "ddp") -> bool:
@@ -82,8 +86,33 @@ class _Grouped(torch.autograd.Function):
         weight = weight.to(grad.dtype)
         if ctx.in_groups is None:
             return grad @ weight, None, None, None, None
-        parts = [grad @ weight[:, a:b] for a, b in _bounds(ctx.in_groups)]
-        return torch.cat(parts, dim=-1), None, None, None, None
+        if JOIN_INPUT_GRADIENT == "cat":  # the earlier way, kept for benchmarks/finetune_speed.py to compare
+            parts = [grad @ weight[:, a:b] for a, b in _bounds(ctx.in_groups)]
+            return torch.cat(parts, dim=-1), None, None, None, None
+        rows = grad.reshape(-1, grad.shape[-1])
+        ends = [b for _a, b in _bounds(ctx.in_groups)]
+        out = torch.ops.gpuval.column_grouped_mm(rows, weight, ends)
+        return out.view(*grad.shape[:-1], weight.shape[1]), None, None, None, None
+
+
+@torch.library.custom_op("gpuval::column_grouped_mm", mutates_args=())
+def column_grouped_mm(a: torch.Tensor, b: torch.Tensor, ends: list[int]) -> torch.Tensor:
+    """`a (M, K) @ b (K, N)` as one product per group of b's columns (`ends`: each group's end column), each
+    written straight into its columns of one `(M, N)` output: cuBLAS takes the output's row stride, so no
+    join is needed. The input gradients use it: joined with `torch.cat`, inductor reads the groups inside the
+    norm's backward, a reduction that ran 25-30 % slower so (benchmarks/NOTES.md item 26); an op of its own
+    hands the compiled kernels one plain buffer."""
+    out = a.new_empty((a.shape[0], b.shape[1]))
+    start = 0
+    for end in ends:
+        torch.mm(a, b[:, start:end], out=out[:, start:end])
+        start = end
+    return out
+
+
+@column_grouped_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, ends: list[int]) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]))
 
 
 def _frozen_linears(layer: Any) -> list[torch.nn.Linear]:
