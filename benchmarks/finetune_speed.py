@@ -276,11 +276,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         out = Path(folder) / "train.json"
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
         if name in INDUCTOR or name in PATCHES:  # the same command, after setting them in that process
-            settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR.get(name, {}).items())
-            for path, value in PATCHES.get(name, {}).items():
-                module, attribute = path.rsplit(".", 1)
-                settings += f"import {module}; setattr({module}, {attribute!r}, {value!r}); "
-            start = "import runpy, sys; import torch._inductor.config as config; " + settings
+            start = prelude(name)
             start += "sys.argv = ['gpuval', *sys.argv[1:]]; runpy.run_module('gpuval', run_name='__main__')"
             command = [sys.executable, "-c", start, *command[3:]]
         for key, value in options.items():
@@ -291,6 +287,16 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         result = json.loads(out.read_text(encoding="utf-8"))
     (measurement,) = [m for m in result["measurements"] if m["name"] == "train"]
     return {**measurement["metrics"], "params": measurement["params"], "options": options}
+
+
+def prelude(name: str) -> str:
+    """The Python statements a variant of INDUCTOR or PATCHES runs in the bench train process before gpuval
+    starts there: inductor's settings, then gpuval's module attributes."""
+    settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR.get(name, {}).items())
+    for path, value in PATCHES.get(name, {}).items():
+        module, attribute = path.rsplit(".", 1)
+        settings += f"import {module}; setattr({module}, {attribute!r}, {value!r}); "
+    return "import runpy, sys; import torch._inductor.config as config; " + settings
 
 
 def same_sequences(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:

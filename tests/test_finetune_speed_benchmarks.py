@@ -82,6 +82,27 @@ def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+@pytest.mark.parametrize(
+    ("variant", "check"),
+    [
+        ("gpuval-cat-input-grad", "import gpuval.finetune.split_products as m; print(m.JOIN_INPUT_GRADIENT)"),
+        ("gpuval-aten-dropout", "print(config.fallback_random)"),
+    ],
+)
+def test_a_variants_prelude_sets_what_it_names_in_the_process_it_starts(variant, check):
+    expected = {"gpuval-cat-input-grad": "cat", "gpuval-aten-dropout": "True"}[variant]
+    assert variant in speed.VARIANTS and speed.VARIANTS[variant] == {}  # bench train's options unchanged
+    code = speed.prelude(variant) + check
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    assert result.stdout.strip() == expected
+    plain = subprocess.run(
+        [sys.executable, "-c", speed.prelude("gpuval") + check], capture_output=True, text=True
+    )
+    assert plain.stdout.strip() != expected  # the default variant sets nothing
+
+
 def test_ratios_to_seeds_and_to_trl():
     results = {
         "seeds": {"tokens_per_s_per_gpu": 10.0},
