@@ -184,7 +184,7 @@ class TrainSettings(_Strict):
     )
     split_products: bool | Literal["auto"] = Field(
         "auto",
-        description="the MLP's products that write hidden-size rows as two column groups (finetune/"
+        description="every frozen linear's hidden-size side as two column groups (finetune/"
         "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers under ddp",
     )
     dropout_kernel: Literal["auto", "packed", "torch"] = Field(

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from gpuval.errors import UsageError
 
-JOIN_INPUT_GRADIENT = "buffer"  # "cat": the input gradient's groups joined by torch.cat (slower, item 26)
+JOIN_INPUT_GRADIENT = "buffer"  # "cat": joined by torch.cat, the earlier way (slower norm kernels, item 26)
 
 
 def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool, parallel: str = "ddp") -> bool:
