@@ -42,6 +42,7 @@ import json
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=Path("step-products.json"))
     parser.add_argument("--rows", type=int, default=3 * 4096)
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per row (attention)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--parts", default=",".join(PARTS))
@@ -90,7 +92,7 @@ def write(args: argparse.Namespace, results: dict[str, Any]) -> None:
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name(0),
         "gpuval_commit": git_commit(),
-        "settings": {"rows": args.rows, "reps": args.reps, "windows": args.windows},
+        "settings": {"rows": args.rows, "seq_len": args.seq_len, "reps": args.reps, "windows": args.windows},
         "parts": results,
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -361,6 +363,145 @@ def split_products(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+HEADS, KV_HEADS, HEAD_DIM = (
+    28,
+    4,
+    128,
+)  # Qwen2-7B's attention: grouped-query, 7 query heads per key/value head
+
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int, backward: bool = False) -> float:
+    """Causal attention's FLOPs as FlashAttention's benchmarks count them (Dao-AILab/flash-attention,
+    benchmarks/benchmark_flash_attention.py), so that kernel figures compare with published ones: the
+    forward's two products are 2 x 2 x b x h x s^2 x d, halved when causal (only the lower triangle of the
+    scores is computed); the backward's five products are 2.5 times that. (finetune/flops.py's MFU counts
+    the backward as twice the forward, the usual training convention: a different figure.)"""
+    forward = 4.0 * batch * heads * seq * seq * head_dim / 2
+    return 2.5 * forward if backward else forward
+
+
+def attention(args: argparse.Namespace) -> dict[str, Any]:
+    """Causal grouped-query attention at Qwen2-7B's layer shape (28 query heads, 4 key/value heads, head
+    size 128) over `--rows` / `--seq-len` rows, through each kernel this machine has: cuDNN's and
+    FlashAttention-2's through SDPA (`train.row_kernel` cudnn and flash) and FlashAttention-4's Hopper
+    kernels (the flash-attn-4 package, `flash_attn.cute`) when installed. Inputs are token-major (batch,
+    tokens, heads, head size) as the projections make them; SDPA gets head-major views of them.
+
+    For each kernel: the forward alone and the forward with its backward (`torch.autograd.grad`, so no
+    gradient accumulates between launches), timed in turn window by window; the backward's own time is
+    their difference. Before timing, each kernel's output and gradients on the first row are compared
+    with a float32 reference (PyTorch's math backend on the same inputs): the largest absolute error of
+    each, beside cuDNN's, says whether a faster kernel computes the same attention."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    seq = args.seq_len
+    batch = args.rows // seq
+    q, dout = _randn(batch, seq, HEADS, HEAD_DIM), _randn(batch, seq, HEADS, HEAD_DIM)
+    k, v = _randn(batch, seq, KV_HEADS, HEAD_DIM), _randn(batch, seq, KV_HEADS, HEAD_DIM)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+
+    def sdpa(backend: Any) -> Callable[..., Any]:
+        def run(q: Any, k: Any, v: Any) -> Any:
+            with sdpa_kernel(backend):
+                out = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+                )
+            return out.transpose(1, 2)
+
+        return run
+
+    kernels: dict[str, Callable[..., Any]] = {
+        "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "flash2": sdpa(SDPBackend.FLASH_ATTENTION),
+    }
+    out: dict[str, Any] = {"batch": batch, "seq_len": seq, "heads": HEADS, "kv_heads": KV_HEADS}
+    try:
+        from flash_attn.cute import flash_attn_func
+
+        def fa4(q: Any, k: Any, v: Any) -> Any:
+            result = flash_attn_func(q, k, v, causal=True)
+            return result[0] if isinstance(result, tuple) else result
+
+        kernels["fa4"] = fa4
+        out["fa4_version"] = _version("flash-attn-4")
+    except ImportError as exc:
+        out["fa4_missing"] = str(exc)
+
+    def reference(q: Any, k: Any, v: Any) -> Any:  # float32, K/V heads repeated, PyTorch's math backend
+        q32, k32, v32 = (t.float().transpose(1, 2) for t in (q, k, v))
+        groups = HEADS // KV_HEADS
+        k32, v32 = k32.repeat_interleave(groups, 1), v32.repeat_interleave(groups, 1)
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q32, k32, v32, is_causal=True).transpose(1, 2)
+
+    first = [t[:1].detach().clone().requires_grad_(True) for t in (q, k, v)]
+    ref_out = reference(*first)
+    ref_grads = torch.autograd.grad(ref_out, first, dout[:1].float())
+    errors: dict[str, Any] = {}
+    for name, fn in list(kernels.items()):
+        try:
+            start = time.perf_counter()
+            got = fn(*first)
+            grads = torch.autograd.grad(got, first, dout[:1])
+            torch.cuda.synchronize()
+            errors[name] = {"first_call_s": round(time.perf_counter() - start, 2)}
+        except RuntimeError as exc:  # a backend this build or GPU lacks
+            out[f"{name}_unavailable"] = str(exc).splitlines()[0][:300]
+            del kernels[name]
+            continue
+        for label, a, b in zip(("out", "dq", "dk", "dv"), (got, *grads), (ref_out, *ref_grads), strict=True):
+            errors[name][f"{label}_max_abs_err"] = (a.float() - b).abs().max().item()
+            errors[name][f"{label}_ref_max_abs"] = b.abs().max().item()
+    out["errors_first_row"] = errors
+
+    def forward(fn: Callable[..., Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return fn(q, k, v)
+
+        return run
+
+    def both(fn: Callable[..., Any]) -> Callable[[], Any]:
+        return lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+
+    once = argparse.Namespace(reps=args.reps, windows=1)
+    runs: dict[str, dict[str, list[float]]] = {
+        name: {"forward": [], "forward_backward": []} for name in kernels
+    }
+    for _ in range(args.windows):
+        for name, fn in kernels.items():
+            runs[name]["forward"].append(timed(forward(fn), once)["ms"])
+            runs[name]["forward_backward"].append(timed(both(fn), once)["ms"])
+    fwd_flops = attention_flops(batch, HEADS, seq, HEAD_DIM)
+    bwd_flops = attention_flops(batch, HEADS, seq, HEAD_DIM, backward=True)
+    for name, timings in runs.items():
+        fwd, both_ms = statistics.median(timings["forward"]), statistics.median(timings["forward_backward"])
+        out[name] = {
+            "forward_ms": fwd,
+            "forward_ms_min": min(timings["forward"]),
+            "forward_ms_max": max(timings["forward"]),
+            "forward_backward_ms": both_ms,
+            "forward_backward_ms_min": min(timings["forward_backward"]),
+            "forward_backward_ms_max": max(timings["forward_backward"]),
+            "backward_ms": both_ms - fwd,
+            "forward_tflops": fwd_flops / (fwd / 1e3) / 1e12,
+            "backward_tflops": bwd_flops / ((both_ms - fwd) / 1e3) / 1e12,
+        }
+    return out
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "gate_up_input_grad": gate_up_input_grad,
     "gate_up_forward": gate_up_forward,
@@ -369,6 +510,7 @@ PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "norm_dropout": norm_dropout,
     "triton_products": triton_products,
     "split_products": split_products,
+    "attention": attention,
 }
 
 
