@@ -2,7 +2,8 @@
 # Packs FlashAttention-4 and its CuTe DSL for the device machines (Python 3.12, CUDA 13) into the chunks
 # tools/device/fa4_env.sh joins there: .fa4/N/fa4.tar.xz.N-of-M, at most CHUNK_MIB each (the working
 # tree travels with every call, and a call carries 64 MiB in all). Needs the package index: run it here,
-# not on the device. Versions: FA4_VERSION, CUTLASS_DSL_VERSION.
+# not on the device. Versions: FA4_VERSION, CUTLASS_DSL_VERSION. What the packages need beyond these
+# (torch, triton, cuda-bindings, protobuf, einops, typing-extensions) the device image has.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 FA4_VERSION=${FA4_VERSION:-4.0.0b36}
@@ -15,7 +16,8 @@ pip=(python3 -m pip)
 "${pip[@]}" download -q --pre --no-deps --dest "$work/wheels" --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --only-binary=:all: \
   "flash-attn-4==$FA4_VERSION" "nvidia-cutlass-dsl==$CUTLASS_DSL_VERSION" \
-  "nvidia-cutlass-dsl-libs-base==$CUTLASS_DSL_VERSION" "nvidia-cutlass-dsl-libs-cu13==$CUTLASS_DSL_VERSION" \
+  "nvidia-cutlass-dsl-libs-base==$CUTLASS_DSL_VERSION" "nvidia-cutlass-dsl-libs-core==$CUTLASS_DSL_VERSION" \
+  "nvidia-cutlass-dsl-libs-cu13==$CUTLASS_DSL_VERSION" \
   "apache-tvm-ffi<0.2,>=0.1.11" torch-c-dlpack-ext "quack-kernels>=0.5.3"
 "${pip[@]}" install -q --no-deps --no-compile --target "$work/site" --python-version 3.12 \
   --platform manylinux_2_28_x86_64 --only-binary=:all: "$work"/wheels/*.whl
