@@ -76,6 +76,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
     "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
+    # whole-document rows through cuDNN's attention (auto's choice on Hopper without flash-attn-4)
+    "gpuval-cudnn": {"row_kernel": "cudnn"},
     "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
     "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
     "gpuval-whole-products": {"split_products": False},  # hidden-size products whole: what splitting buys
@@ -565,7 +567,7 @@ def _versions() -> dict[str, Any]:
     }
     from importlib.metadata import PackageNotFoundError, version
 
-    for package in ("liger-kernel", "trl", "datasets"):
+    for package in ("liger-kernel", "trl", "datasets", "flash-attn-4", "nvidia-cutlass-dsl"):
         try:
             info[package.replace("-", "_")] = version(package)
         except PackageNotFoundError:

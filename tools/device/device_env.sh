@@ -11,3 +11,5 @@ else
   export PYTHONPATH=$PWD/src
 fi
 export PYTHONUNBUFFERED=1
+# FlashAttention-4, where its chunks were carried in this call or earlier calls on this machine (fa4_env.sh)
+source "$(dirname "${BASH_SOURCE[0]}")/fa4_env.sh"

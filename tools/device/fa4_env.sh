@@ -8,8 +8,7 @@
 #   .fa4/1/fa4.tar.xz.1-of-3  .fa4/2/fa4.tar.xz.2-of-3  ...   each folder also holds fa4.tar.xz.sha256
 # Carry one folder per call, in calls on the same warm machine: this file keeps each chunk it sees in
 # /tmp/fa4-chunks (/tmp outlives a call on a warm machine), and once all are there and the checksum
-# matches, unpacks the site to /tmp/fa4site and puts it on PYTHONPATH. FA4_READY=1 says it is there.
-FA4_READY=0
+# matches, unpacks the site to /tmp/fa4site and puts it on PYTHONPATH (the log says so).
 mkdir -p /tmp/fa4-chunks
 for _fa4_chunk in .fa4/*/fa4.tar.xz.*-of-*; do
   [ -f "$_fa4_chunk" ] || continue
@@ -36,6 +35,6 @@ fi
 if [ -d /tmp/fa4site/flash_attn ]; then
   # the DSL's .pth puts dsl_packages on sys.path, but .pth files run only in site directories
   export PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
-  FA4_READY=1
+  echo "fa4: /tmp/fa4site on PYTHONPATH"
 fi
 unset _fa4_chunk _fa4_total _fa4_have

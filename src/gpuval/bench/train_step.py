@@ -69,7 +69,7 @@ class TrainBenchOptions(BaseModel):
     attention: Literal["auto", "sdpa", "varlen"] = Field(
         "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen"
     )
-    row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
+    row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
         "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(

@@ -123,10 +123,11 @@ class TrainSettings(_Strict):
         description="per-document attention: varlen (no mask: flash varlen on a GPU, SDPA per document on "
         "a CPU), sdpa (dense document mask); auto: varlen (finetune/kernels.py)",
     )
-    row_kernel: Literal["auto", "cudnn", "flash", "varlen"] = Field(
+    row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
         "auto",
         description="with varlen attention, rows that are one whole document each (fixed-length data): "
-        "cudnn or flash (causal SDPA per row with that backend) or varlen; auto: cudnn on Hopper",
+        "fa4 (FlashAttention-4, the flash-attn-4 package), cudnn or flash (causal SDPA per row with that "
+        "backend) or varlen; auto on Hopper: fa4 where installed, else cudnn",
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",

@@ -15,8 +15,9 @@ Attention (`train.attention`)
 
 Rows that hold one whole document each (`train.row_kernel`): fixed-length data (`bench train` mode fixed)
 has one document per row, so no row needs varlen bookkeeping: the micro-batch stays `(batch, seq)` and
-each row gets plain causal attention through SDPA with the chosen backend, `cudnn` (cuDNN's fused
-attention, tuned for Hopper) or `flash` (FA2, as varlen_attn); `varlen` flattens them like packed rows.
+each row gets plain causal attention: `fa4` (FlashAttention-4's Hopper/Blackwell kernels from the
+flash-attn-4 package, flash4.py), or SDPA with the chosen backend, `cudnn` (cuDNN's fused attention) or
+`flash` (FA2, as varlen_attn); `varlen` flattens them like packed rows.
 
 Kernels (`train.kernels`)
 - `liger`: Liger-Kernel (linkedin/Liger-Kernel, as TRL/Axolotl's `use_liger_kernel`) RMSNorm, SwiGLU and
@@ -45,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+from gpuval.finetune import flash4
 from gpuval.finetune.linear_ce import linear_cross_entropy
 from gpuval.finetune.template import IGNORE_INDEX
 
@@ -78,18 +80,26 @@ def use_varlen_attention(model: Any, row_kernel: str = "varlen") -> None:
     model.set_attn_implementation(VARLEN)
 
 
-ROW_KERNELS = ("cudnn", "flash", "varlen")
+ROW_KERNELS = ("fa4", "cudnn", "flash", "varlen")
 
 
 def resolve_row_kernel(setting: str, on_gpu: bool) -> str:
-    """`train.row_kernel`: cudnn, flash or varlen for rows holding one whole document. auto: cudnn on a
-    Hopper GPU (compute capability 9.x) whose PyTorch has cuDNN, varlen otherwise: on an H100 cuDNN's
-    causal kernel is the faster one for whole-document rows (benchmarks/NOTES.md,
-    benchmarks/results/2026-11-23-h100x1-finetune-speed/)."""
+    """`train.row_kernel`: fa4, cudnn, flash or varlen for rows holding one whole document. auto on a
+    Hopper GPU (compute capability 9.x): fa4 where flash-attn-4 is installed, else cudnn where PyTorch has
+    cuDNN; varlen otherwise. On an H100, FA4's kernel is the fastest for whole-document rows and cuDNN's
+    the next (benchmarks/NOTES.md items 27 and earlier, benchmarks/results/2026-11-27-h100x1-attention-
+    kernels/ and 2026-11-23-h100x1-finetune-speed/)."""
     if setting == "auto":
         hopper = on_gpu and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+        if hopper and flash4.unavailable_reason() is None:
+            return "fa4"
         return "cudnn" if hopper and torch.backends.cudnn.is_available() else "varlen"
     choice = setting
+    if choice == "fa4" and on_gpu and (reason := flash4.unavailable_reason()):
+        raise UsageError(
+            f"train.row_kernel=fa4: {reason}; install flash-attn-4 (pip install 'gpuval[fa4]') or set "
+            "train.row_kernel=auto"
+        )
     if choice == "cudnn" and on_gpu and not torch.backends.cudnn.is_available():
         raise UsageError("train.row_kernel=cudnn needs a PyTorch built with cuDNN: set train.row_kernel=auto")
     return choice  # on a CPU cudnn and flash both mean: whole rows, plain causal SDPA
@@ -192,6 +202,12 @@ def _causal_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sc
     if not query.is_cuda:
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2)
+    if _ROW_KERNEL == "fa4":  # token-major views in and out, no copy
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        if torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:  # as in varlen_attention
+            half = torch.get_autocast_dtype("cuda")
+            q, k, v = q.to(half), k.to(half), v.to(half)
+        return flash4.causal_attention(q, k, v, scaling)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if gqa and _ROW_KERNEL == "cudnn" and not _CUDNN_GQA:

@@ -1,0 +1,137 @@
+"""FlashAttention-4 as the attention of whole-document rows (finetune/flash4.py, `train.row_kernel: fa4`).
+
+FA4's kernels need a Hopper or Blackwell GPU; here the custom operators run their CPU kernels (the same
+outputs from float32 math), which is enough to check the operators' definitions (log-sum-exp, causality,
+grouped heads), their autograd and fake-tensor wiring, compiled callers and the setting's resolution.
+The last test runs FA4 itself where it can."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpuval.errors import UsageError
+from gpuval.finetune import flash4, kernels
+
+
+def _inputs(batch=2, seq=7, heads=4, kv_heads=2, dim=8, dtype=torch.float32, seed=0, device="cpu"):
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return [
+        torch.randn(batch, seq, h, dim, generator=generator, device=device).to(dtype)
+        for h in (heads, kv_heads, kv_heads)
+    ]
+
+
+def test_output_and_log_sum_exp_by_hand():
+    """One row of 3 tokens, one head of size 2, scale 0.5: each query's softmax over itself and the keys
+    before it, computed here with math, element by element."""
+    q = torch.tensor([[[[1.0, 0.0]], [[0.0, 2.0]], [[1.0, -1.0]]]])  # (1, 3, 1, 2)
+    k = torch.tensor([[[[0.5, 1.0]], [[-1.0, 0.0]], [[2.0, 1.0]]]])
+    v = torch.tensor([[[[1.0, 2.0]], [[3.0, -1.0]], [[0.0, 4.0]]]])
+    out, lse = flash4.fa4_causal(q, k, v, 0.5)
+    for i in range(3):
+        scores = [
+            0.5 * sum(q[0, i, 0, d].item() * k[0, j, 0, d].item() for d in range(2)) for j in range(i + 1)
+        ]
+        top = max(scores)
+        expected_lse = top + math.log(sum(math.exp(s - top) for s in scores))
+        weights = [math.exp(s - expected_lse) for s in scores]
+        assert lse[0, 0, i].item() == pytest.approx(expected_lse, rel=1e-6)
+        for d in range(2):
+            expected = sum(w * v[0, j, 0, d].item() for j, w in enumerate(weights))
+            assert out[0, i, 0, d].item() == pytest.approx(expected, rel=1e-6, abs=1e-7)
+    assert out.shape == (1, 3, 1, 2) and lse.shape == (1, 1, 3) and lse.dtype == torch.float32
+
+
+def test_matches_sdpa_with_grouped_heads_forward_and_backward():
+    q, k, v = (t.requires_grad_(True) for t in _inputs())
+    got = flash4.causal_attention(q, k, v, None)
+    dout = torch.randn_like(got)
+    grads = torch.autograd.grad(got, (q, k, v), dout)
+
+    q2, k2, v2 = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    want = F.scaled_dot_product_attention(
+        q2.transpose(1, 2), k2.transpose(1, 2), v2.transpose(1, 2), is_causal=True, enable_gqa=True
+    ).transpose(1, 2)
+    want_grads = torch.autograd.grad(want, (q2, k2, v2), dout)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # a later token never changes an earlier one's output (causal)
+    q3, k3, v3 = (t.detach().clone() for t in (q, k, v))
+    k3[:, -1] += 5.0
+    v3[:, -1] -= 3.0
+    changed = flash4.causal_attention(q3, k3, v3, None)
+    torch.testing.assert_close(changed[:, :-1], got.detach()[:, :-1])
+    assert not torch.allclose(changed[:, -1], got.detach()[:, -1])
+
+
+def test_operators_pass_opcheck():
+    """Fake tensors (what torch.compile traces with) match the kernels' outputs; autograd is registered."""
+    q, k, v = _inputs(batch=1, seq=5, heads=2, kv_heads=1, dim=4)
+    torch.library.opcheck(flash4.fa4_causal, (q.requires_grad_(True), k, v, 0.3))
+    out, lse = flash4.fa4_causal(q.detach(), k, v, 0.3)
+    torch.library.opcheck(
+        flash4.fa4_causal_backward, (torch.randn_like(out), q.detach(), k, v, out, lse, 0.3, False)
+    )
+
+
+def test_compiled_caller_matches_eager():
+    q, k, v = (t.requires_grad_(True) for t in _inputs(dtype=torch.float32))
+
+    def layer(q, k, v):
+        return flash4.causal_attention(q * 1.5, k, v, 0.25).square().sum()
+
+    eager = torch.autograd.grad(layer(q, k, v), (q, k, v))
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    for a, b in zip(got, eager, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_row_kernel_setting(monkeypatch):
+    assert "fa4" in kernels.ROW_KERNELS
+    assert kernels.resolve_row_kernel("fa4", on_gpu=False) == "fa4"  # a CPU runs plain causal SDPA
+    monkeypatch.setattr(
+        flash4, "unavailable_reason", lambda: "the flash-attn-4 package is not importable (x)"
+    )
+    with pytest.raises(
+        UsageError, match=r"^train.row_kernel=fa4: the flash-attn-4 package is not importable"
+    ):
+        kernels.resolve_row_kernel("fa4", on_gpu=True)
+    # auto on a Hopper GPU: fa4 where it can run, else cuDNN
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "cudnn"
+    monkeypatch.setattr(flash4, "unavailable_reason", lambda: None)
+    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "fa4"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "varlen"  # measured only on Hopper
+
+
+def test_cpu_rows_with_fa4_setting_run_sdpa(monkeypatch):
+    monkeypatch.setattr(kernels, "_ROW_KERNEL", "fa4")
+    q, k, v = (t.transpose(1, 2) for t in _inputs())  # (B, H, S, D), as transformers hands them over
+    got = kernels._causal_rows(q, k, v, None)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.skipif(flash4.unavailable_reason() is not None, reason="FA4 needs flash-attn-4 on a Hopper GPU")
+def test_fa4_kernels_match_the_reference_on_the_gpu():
+    q, k, v = (t.requires_grad_(True) for t in _inputs(2, 300, 8, 2, 128, torch.bfloat16, device="cuda"))
+    got = flash4.causal_attention(q, k, v, None)
+    dout = torch.randn_like(got)
+    grads = torch.autograd.grad(got, (q, k, v), dout)
+    ref_in = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref, lse = flash4._reference(*ref_in, 1 / math.sqrt(128))
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.float())
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+    _, fa4_lse = flash4.fa4_causal(q.detach(), k.detach(), v.detach(), 1 / math.sqrt(128))
+    torch.testing.assert_close(fa4_lse, lse, rtol=1e-3, atol=1e-3)
+    for a, b in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
