@@ -93,8 +93,8 @@ def test_dockerfile_passes_hadolint_and_runs_as_a_non_root_user():
 
 def test_the_image_installs_every_runtime_dependency_but_torch():
     """The image takes its requirements from pyproject.toml (deploy/docker/requirements.py): every core
-    dependency and the finetune and gpu extras (Liger-Kernel included), never torch, whose CUDA build the
-    base image brings."""
+    dependency and the finetune, gpu and fa4 extras (Liger-Kernel and FlashAttention-4 included), never
+    torch, whose CUDA build the base image brings."""
     import tomllib
 
     proc = subprocess.run(
@@ -106,10 +106,10 @@ def test_the_image_installs_every_runtime_dependency_but_torch():
     listed = proc.stdout.split()
     project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     wanted = [*project["dependencies"], *project["optional-dependencies"]["finetune"]]
-    wanted += project["optional-dependencies"]["gpu"]
+    wanted += project["optional-dependencies"]["gpu"] + project["optional-dependencies"]["fa4"]
     assert listed == [req for req in wanted if not req.startswith("torch")]
     names = {re.split(r"[<>=!~]", req)[0] for req in listed}
-    assert {"liger-kernel", "matplotlib", "prometheus-client", "transformers", "peft"} <= names
+    assert {"liger-kernel", "flash-attn-4", "matplotlib", "prometheus-client", "transformers"} <= names
     assert "torch" not in names
     text = DOCKERFILE.read_text(encoding="utf-8")
     assert (

@@ -1,6 +1,7 @@
 """Print gpuval's runtime requirements for the image, read from pyproject.toml: the core dependencies and
-the `finetune` and `gpu` extras, without torch (the base image's CUDA build of PyTorch stays; installing
-gpuval's own `torch` requirement could replace it with a CPU or other CUDA wheel).
+the `finetune`, `gpu` and `fa4` extras (the image is for GPU nodes: FlashAttention-4 is the attention
+of whole-document rows on Hopper when installed), without torch (the base image's CUDA build of PyTorch
+stays; installing gpuval's own `torch` requirement could replace it with a CPU or other CUDA wheel).
 
     python deploy/docker/requirements.py > /tmp/requirements.txt && pip install -r /tmp/requirements.txt
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import tomllib
 
-EXTRAS = ("finetune", "gpu")
+EXTRAS = ("finetune", "gpu", "fa4")
 
 
 def requirements(pyproject: Path) -> list[str]:
