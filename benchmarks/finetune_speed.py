@@ -67,6 +67,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gpuval-mb2": {"micro_batch_size": 2},
     "gpuval-varlen": {"row_kernel": "varlen"},  # whole-document rows through varlen_attn (FA2) too
     "gpuval-packed": {"mode": "packed"},
+    # packed documents through varlen_attn (FlashAttention-2), auto's choice without flash-attn-4
+    "gpuval-packed-flash": {"mode": "packed", "varlen_kernel": "flash"},
     "gpuval-no-liger": {"micro_batch_size": 1, "compile": False, "kernels": "torch"},
     "gpuval-sdpa-ckpt": {  # gpuval's loop with the seeds' settings: the loop's own cost
         "compile": False,

@@ -30,6 +30,7 @@ def summary(losses: list[float], norms: list[float]) -> dict:
         "peak_memory_gib": None,
         "attention": "sdpa",
         "row_kernel": "varlen",
+        "varlen_kernel": "flash",
         "kernels": "torch",
         "fused_loss": False,
         "loss_kernel": None,

@@ -31,7 +31,7 @@ def test_output_and_log_sum_exp_by_hand():
     q = torch.tensor([[[[1.0, 0.0]], [[0.0, 2.0]], [[1.0, -1.0]]]])  # (1, 3, 1, 2)
     k = torch.tensor([[[[0.5, 1.0]], [[-1.0, 0.0]], [[2.0, 1.0]]]])
     v = torch.tensor([[[[1.0, 2.0]], [[3.0, -1.0]], [[0.0, 4.0]]]])
-    out, lse = flash4.fa4_causal(q, k, v, 0.5)
+    out, lse = flash4.fa4_causal(q, k, v, None, 0, 0.5)
     for i in range(3):
         scores = [
             0.5 * sum(q[0, i, 0, d].item() * k[0, j, 0, d].item() for d in range(2)) for j in range(i + 1)
@@ -69,14 +69,40 @@ def test_matches_sdpa_with_grouped_heads_forward_and_backward():
     assert not torch.allclose(changed[:, -1], got.detach()[:, -1])
 
 
+def test_packed_documents_attend_within_themselves_forward_and_backward():
+    """One flattened row of three documents (5, 1 and 4 tokens): the same outputs and gradients as each
+    document through SDPA on its own, and nothing of one document reaches another."""
+    q, k, v = (t[0].contiguous().requires_grad_(True) for t in _inputs(batch=1, seq=10))  # (T, H, D)
+    cu = torch.tensor([0, 5, 6, 10], dtype=torch.int32)
+    got = flash4.causal_attention(q, k, v, None, cu_seqlens=cu, max_seqlen=5)
+    dout = torch.randn_like(got)
+    grads = torch.autograd.grad(got, (q, k, v), dout)
+    for a, b in ((0, 5), (5, 6), (6, 10)):
+        part = [t.detach()[a:b].clone().requires_grad_(True) for t in (q, k, v)]
+        want = F.scaled_dot_product_attention(
+            *(t.transpose(0, 1) for t in part), is_causal=True, enable_gqa=True
+        ).transpose(0, 1)
+        torch.testing.assert_close(got[a:b], want, rtol=1e-5, atol=1e-6)
+        want_grads = torch.autograd.grad(want, part, dout[a:b])
+        for g, w in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(g[a:b], w, rtol=1e-5, atol=1e-5)
+
+
 def test_operators_pass_opcheck():
     """Fake tensors (what torch.compile traces with) match the kernels' outputs; autograd is registered."""
     q, k, v = _inputs(batch=1, seq=5, heads=2, kv_heads=1, dim=4)
-    torch.library.opcheck(flash4.fa4_causal, (q.requires_grad_(True), k, v, 0.3))
-    out, lse = flash4.fa4_causal(q.detach(), k, v, 0.3)
-    torch.library.opcheck(
-        flash4.fa4_causal_backward, (torch.randn_like(out), q.detach(), k, v, out, lse, 0.3, False)
-    )
+    torch.library.opcheck(flash4.fa4_causal, (q.requires_grad_(True), k, v, None, 0, 0.3))
+    out, lse = flash4.fa4_causal(q.detach(), k, v, None, 0, 0.3)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(flash4.fa4_causal_backward, (dout, q.detach(), k, v, out, lse, None, 0, 0.3, False))
+    # packed documents: one flattened row of 9 tokens, documents of 4, 2 and 3
+    cu = torch.tensor([0, 4, 6, 9], dtype=torch.int32)
+    qp, kp, vp = (t[0, :9].contiguous() for t in _inputs(batch=1, seq=9, heads=2, kv_heads=1, dim=4))
+    torch.library.opcheck(flash4.fa4_causal, (qp.requires_grad_(True), kp, vp, cu, 4, 0.3))
+    out, lse = flash4.fa4_causal(qp.detach(), kp, vp, cu, 4, 0.3)
+    assert out.shape == (9, 2, 4) and lse.shape == (2, 9)
+    args = (torch.randn_like(out), qp.detach(), kp, vp, out, lse, cu, 4, 0.3, False)
+    torch.library.opcheck(flash4.fa4_causal_backward, args)
 
 
 def test_compiled_caller_matches_eager():
@@ -109,8 +135,21 @@ def test_row_kernel_setting(monkeypatch):
     assert kernels.resolve_row_kernel("auto", on_gpu=True) == "cudnn"
     monkeypatch.setattr(flash4, "unavailable_reason", lambda: None)
     assert kernels.resolve_row_kernel("auto", on_gpu=True) == "fa4"
+    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "fa4"
+    assert kernels.resolve_varlen_kernel("auto", on_gpu=False) == "flash"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert kernels.resolve_row_kernel("auto", on_gpu=True) == "varlen"  # measured only on Hopper
+    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
+
+
+def test_varlen_kernel_setting_without_the_package(monkeypatch):
+    assert kernels.VARLEN_KERNELS == ("fa4", "flash")
+    assert kernels.resolve_varlen_kernel("fa4", on_gpu=False) == "fa4"  # a CPU runs SDPA per document
+    assert kernels.resolve_varlen_kernel("flash", on_gpu=True) == "flash"
+    monkeypatch.setattr(flash4, "unavailable_reason", lambda: "no CUDA GPU")
+    with pytest.raises(UsageError, match=r"^train.varlen_kernel=fa4: no CUDA GPU; install flash-attn-4"):
+        kernels.resolve_varlen_kernel("fa4", on_gpu=True)
+    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
 
 
 def test_cpu_rows_with_fa4_setting_run_sdpa(monkeypatch):
@@ -131,7 +170,23 @@ def test_fa4_kernels_match_the_reference_on_the_gpu():
     ref, lse = flash4._reference(*ref_in, 1 / math.sqrt(128))
     ref_grads = torch.autograd.grad(ref, ref_in, dout.float())
     torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
-    _, fa4_lse = flash4.fa4_causal(q.detach(), k.detach(), v.detach(), 1 / math.sqrt(128))
+    _, fa4_lse = flash4.fa4_causal(q.detach(), k.detach(), v.detach(), None, 0, 1 / math.sqrt(128))
     torch.testing.assert_close(fa4_lse, lse, rtol=1e-3, atol=1e-3)
     for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
+    # packed documents (300, 1, 211 and 88 tokens) in one flattened row, against each alone
+    qp, kp, vp = (
+        t[0].detach().clone().requires_grad_(True)
+        for t in _inputs(1, 600, 8, 2, 128, torch.bfloat16, 1, "cuda")
+    )
+    cu = torch.tensor([0, 300, 301, 512, 600], dtype=torch.int32, device="cuda")
+    packed = flash4.causal_attention(qp, kp, vp, None, cu_seqlens=cu, max_seqlen=300)
+    dpacked = torch.randn_like(packed)
+    packed_grads = torch.autograd.grad(packed, (qp, kp, vp), dpacked)
+    for a, b in ((0, 300), (300, 301), (301, 512), (512, 600)):
+        part = [t.detach()[a:b][None].float().requires_grad_(True) for t in (qp, kp, vp)]
+        ref, _ = flash4._reference(*part, 1 / math.sqrt(128))
+        torch.testing.assert_close(packed[a:b].float(), ref[0], rtol=2e-2, atol=2e-2)
+        ref_grads = torch.autograd.grad(ref, part, dpacked[a:b][None].float())
+        for g, r in zip(packed_grads, ref_grads, strict=True):
+            torch.testing.assert_close(g[a:b].float(), r[0], rtol=5e-2, atol=5e-2)

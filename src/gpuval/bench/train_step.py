@@ -72,6 +72,9 @@ class TrainBenchOptions(BaseModel):
     row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
         "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"
     )
+    varlen_kernel: Literal["auto", "fa4", "flash"] = Field(
+        "auto", description="attention kernel of rows of packed documents (mode packed); see finetune"
+    )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
         description="fused loss with Liger's ops (liger) or alone (liger-loss), or transformers' own "
@@ -219,6 +222,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                     "activation_checkpointing": options.activation_checkpointing,
                     "attention": options.attention,
                     "row_kernel": options.row_kernel,
+                    "varlen_kernel": options.varlen_kernel,
                     "kernels": options.kernels,
                     "compile": options.compile,
                     "precision": options.precision,
@@ -281,6 +285,7 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "activation_checkpointing": options.activation_checkpointing,
             "attention": summary["attention"],  # what ran, after auto
             "row_kernel": summary["row_kernel"],
+            "varlen_kernel": summary["varlen_kernel"],
             "kernels": summary["kernels"],
             "fused_loss": summary["fused_loss"],
             "loss_kernel": summary["loss_kernel"],

@@ -129,6 +129,11 @@ class TrainSettings(_Strict):
         "fa4 (FlashAttention-4, the flash-attn-4 package), cudnn or flash (causal SDPA per row with that "
         "backend) or varlen; auto on Hopper: fa4 where installed, else cudnn",
     )
+    varlen_kernel: Literal["auto", "fa4", "flash"] = Field(
+        "auto",
+        description="with varlen attention, rows of packed documents: fa4 (FlashAttention-4, the "
+        "flash-attn-4 package) or flash (varlen_attn, FlashAttention-2); auto on Hopper: fa4 where installed",
+    )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
         description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and the fused linear+cross-entropy (ddp); "

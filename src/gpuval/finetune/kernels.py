@@ -10,7 +10,9 @@ Attention (`train.attention`)
   registered with transformers as the attention implementation `gpuval_varlen` (AttentionInterface) and
   with no mask function: transformers then makes no mask and skips its packed-sequence check, whose
   `if tensor.all()` made the host wait for the GPU at every micro-batch's start. On a CPU the same
-  function runs SDPA once per document, so the plumbing is tested where there is no GPU.
+  function runs SDPA once per document, so the plumbing is tested where there is no GPU. The packed rows'
+  kernel is `train.varlen_kernel`: `flash` (varlen_attn) or `fa4` (FlashAttention-4's varlen kernels,
+  flash4.py; auto on Hopper where installed).
 - `auto`: varlen, on a GPU and on a CPU (there per-document SDPA skips the masked-out work: faster).
 
 Rows that hold one whole document each (`train.row_kernel`): fixed-length data (`bench train` mode fixed)
@@ -69,12 +71,13 @@ def resolve_attention(setting: str, on_gpu: bool) -> str:
     return choice
 
 
-def use_varlen_attention(model: Any, row_kernel: str = "varlen") -> None:
+def use_varlen_attention(model: Any, row_kernel: str = "varlen", varlen_kernel: str = "flash") -> None:
     """Switch a transformers model to the `gpuval_varlen` attention (registered once per process);
-    `row_kernel` (resolve_row_kernel) is the kernel of rows that are one whole document each."""
-    global _ROW_KERNEL, _CUDNN_GQA
+    `row_kernel` (resolve_row_kernel) is the kernel of rows that are one whole document each,
+    `varlen_kernel` (resolve_varlen_kernel) that of rows of packed documents."""
+    global _ROW_KERNEL, _VARLEN_KERNEL, _CUDNN_GQA
     _register_varlen()
-    _ROW_KERNEL = row_kernel
+    _ROW_KERNEL, _VARLEN_KERNEL = row_kernel, varlen_kernel
     if row_kernel == "cudnn" and torch.cuda.is_available():
         _CUDNN_GQA = _cudnn_gqa(torch.device("cuda", torch.cuda.current_device()))
     model.set_attn_implementation(VARLEN)
@@ -90,19 +93,43 @@ def resolve_row_kernel(setting: str, on_gpu: bool) -> str:
     the next (benchmarks/NOTES.md items 27 and earlier, benchmarks/results/2026-11-27-h100x1-attention-
     kernels/ and 2026-11-23-h100x1-finetune-speed/)."""
     if setting == "auto":
-        hopper = on_gpu and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-        if hopper and flash4.unavailable_reason() is None:
+        if _fa4_auto(on_gpu):
             return "fa4"
-        return "cudnn" if hopper and torch.backends.cudnn.is_available() else "varlen"
-    choice = setting
-    if choice == "fa4" and on_gpu and (reason := flash4.unavailable_reason()):
-        raise UsageError(
-            f"train.row_kernel=fa4: {reason}; install flash-attn-4 (pip install 'gpuval[fa4]') or set "
-            "train.row_kernel=auto"
-        )
+        return "cudnn" if _hopper(on_gpu) and torch.backends.cudnn.is_available() else "varlen"
+    choice = _fa4_or_error("row_kernel", setting, on_gpu)
     if choice == "cudnn" and on_gpu and not torch.backends.cudnn.is_available():
         raise UsageError("train.row_kernel=cudnn needs a PyTorch built with cuDNN: set train.row_kernel=auto")
     return choice  # on a CPU cudnn and flash both mean: whole rows, plain causal SDPA
+
+
+VARLEN_KERNELS = ("fa4", "flash")
+
+
+def resolve_varlen_kernel(setting: str, on_gpu: bool) -> str:
+    """`train.varlen_kernel`: fa4 or flash (`varlen_attn`, FlashAttention-2) for rows of packed documents.
+    auto: fa4 on a Hopper GPU where flash-attn-4 is installed, else flash. On a CPU both run SDPA per
+    document."""
+    if setting == "auto":
+        return "fa4" if _fa4_auto(on_gpu) else "flash"
+    return _fa4_or_error("varlen_kernel", setting, on_gpu)
+
+
+def _hopper(on_gpu: bool) -> bool:
+    return on_gpu and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _fa4_auto(on_gpu: bool) -> bool:
+    """auto's choice of FA4: on Hopper (where it was measured) when it can run."""
+    return _hopper(on_gpu) and flash4.unavailable_reason() is None
+
+
+def _fa4_or_error(setting: str, choice: str, on_gpu: bool) -> str:
+    if choice == "fa4" and on_gpu and (reason := flash4.unavailable_reason()):
+        raise UsageError(
+            f"train.{setting}=fa4: {reason}; install flash-attn-4 (pip install 'gpuval[fa4]') or set "
+            f"train.{setting}=auto"
+        )
+    return choice
 
 
 @functools.cache
@@ -128,6 +155,7 @@ _VARLEN_CAUSAL: dict[str, Any] = {}
 _VARLEN_GQA = False
 _VARLEN_NATIVE_GQA = False
 _ROW_KERNEL = "varlen"  # use_varlen_attention: SDPA backend of whole-document rows
+_VARLEN_KERNEL = "flash"  # use_varlen_attention: kernel of packed rows (flash: varlen_attn; fa4)
 _CUDNN_GQA = False  # whether cuDNN's SDPA takes fewer K/V heads than query heads (enable_gqa)
 
 
@@ -168,6 +196,11 @@ def varlen_attention(
             # kernel takes bf16/fp16 only, as SDPA under autocast would run it
             half = torch.get_autocast_dtype("cuda")
             q, k, v = q.to(half), k.to(half), v.to(half)
+        longest = int(kwargs["max_length_q"])
+        if _VARLEN_KERNEL == "fa4":
+            return flash4.causal_attention(q, k, v, scaling, cu_seqlens=cu, max_seqlen=longest).unsqueeze(
+                0
+            ), None
         extra: dict[str, Any] = dict(_VARLEN_CAUSAL)
         if heads != kv_heads:
             if _VARLEN_GQA:
@@ -175,7 +208,6 @@ def varlen_attention(
             elif not _VARLEN_NATIVE_GQA:
                 k = k.repeat_interleave(heads // kv_heads, dim=1)
                 v = v.repeat_interleave(heads // kv_heads, dim=1)
-        longest = int(kwargs["max_length_q"])
         out = varlen_attn(q, k, v, cu, cu, longest, longest, scale=scaling, **extra)
         return out.unsqueeze(0), None
     # CPU: the same result, one SDPA call per document.

@@ -68,6 +68,7 @@ from gpuval.finetune.kernels import (
     resolve_attention,
     resolve_kernels,
     resolve_row_kernel,
+    resolve_varlen_kernel,
     use_varlen_attention,
 )
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
@@ -142,6 +143,7 @@ def train(
     fuse_mlp = resolve_fuse_gate_up(t.fuse_gate_up, runtime.on_gpu, t.parallel)
     attention = resolve_attention(t.attention, runtime.on_gpu)
     row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
+    varlen_kernel = resolve_varlen_kernel(t.varlen_kernel, runtime.on_gpu)
     compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
     kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled, t.loss_kernel)
     if (note := missing_liger_note(t.kernels, runtime.on_gpu, kernels, compiled)) and runtime.is_main:
@@ -159,7 +161,7 @@ def train(
     if kernels == "liger":
         apply_liger(model)
     if attention == "varlen":
-        use_varlen_attention(model, row_kernel)
+        use_varlen_attention(model, row_kernel, varlen_kernel)
     if max(max(p.input_ids) for p in packs) >= model.config.vocab_size:
         raise UsageError(
             f"tokenizer '{cfg.tokenizer_source}' makes ids beyond model '{cfg.model}''s vocabulary "
@@ -406,6 +408,7 @@ def train(
         "parallel": t.parallel,
         "attention": attention,
         "row_kernel": row_kernel,
+        "varlen_kernel": varlen_kernel,
         "kernels": kernels,
         "fused_loss": fused_loss,
         "loss_kernel": loss_kernel if fused_loss else None,
