@@ -142,6 +142,32 @@ def test_row_kernel_setting(monkeypatch):
     assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
 
 
+def test_a_package_that_fails_to_load_is_a_reason_not_a_crash(monkeypatch):
+    """auto must fall back to cuDNN or varlen_attn when FA4 is installed but broken (a DSL library that
+    does not load raises OSError, not ImportError); an explicit fa4 then says why in one line."""
+
+    def broken() -> None:
+        raise OSError("libcute_dsl_runtime.so: cannot open shared object file\nsecond line")
+
+    flash4.unavailable_reason.cache_clear()
+    monkeypatch.setattr(flash4, "_interface", broken)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    try:
+        reason = flash4.unavailable_reason()
+        assert reason == (
+            "the flash-attn-4 package is not importable (OSError: libcute_dsl_runtime.so: cannot open "
+            "shared object file"
+        )
+        assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
+        with pytest.raises(
+            UsageError, match=r"^train.row_kernel=fa4: the flash-attn-4 package is not importable"
+        ):
+            kernels.resolve_row_kernel("fa4", on_gpu=True)
+    finally:
+        flash4.unavailable_reason.cache_clear()
+
+
 def test_varlen_kernel_setting_without_the_package(monkeypatch):
     assert kernels.VARLEN_KERNELS == ("fa4", "flash")
     assert kernels.resolve_varlen_kernel("fa4", on_gpu=False) == "fa4"  # a CPU runs SDPA per document

@@ -41,8 +41,8 @@ def unavailable_reason() -> str | None:
         return f"FA4 runs on Hopper and Blackwell GPUs (compute capability 9.x or 10.x), not {major}.{minor}"
     try:
         _interface()
-    except ImportError as exc:
-        return f"the {PACKAGE} package is not importable ({exc})"
+    except Exception as exc:  # noqa: BLE001 - a broken install (a DSL library that fails to load) too
+        return f"the {PACKAGE} package is not importable ({type(exc).__name__}: {exc})".splitlines()[0]
     return None
 
 
