@@ -96,11 +96,8 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
-        # SIGINT stays gpuval's own (cli.main: Interrupted, like KeyboardInterrupt): the agent then stops
-        # the workers with SIGTERM, which ends them silently, instead of forwarding SIGINT to every rank.
-        signals_to_handle="SIGTERM,SIGHUP,SIGQUIT",
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         logs_specs=DefaultLogsSpecs(log_dir=str(exit_dir / "logs")),  # not a torchelastic_* dir left in /tmp
+        **_launch_options(LaunchConfig),
     )
     watchdog = _Watchdog(exit_dir, nproc, grace_s=min(max(timeout_s, 1.0), MAX_GRACE_S), solo_s=timeout_s)
     watchdog.start()
@@ -132,6 +129,23 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         os.environ.pop(LAUNCHER_PID_VARIABLE, None)
         shutil.rmtree(exit_dir, ignore_errors=True)
     return codes.get(0, EXIT_ERROR)
+
+
+def _launch_options(config_type: type) -> dict[str, object]:
+    """LaunchConfig's optional fields that this torch has: they arrived over several releases
+    (`signals_to_handle` in 2.10, `shutdown_timeout` in 2.12; docs/torch-versions.md), so each is passed
+    only where the dataclass declares it. Without them the agent forwards SIGINT to the workers and waits
+    its own default between SIGTERM and SIGKILL; the watchdog and `_kill_workers` still end every rank."""
+    import dataclasses
+
+    have = {field.name for field in dataclasses.fields(config_type)}
+    wanted: dict[str, object] = {
+        # SIGINT stays gpuval's own (cli.main: Interrupted, like KeyboardInterrupt): the agent then stops
+        # the workers with SIGTERM, which ends them silently, instead of forwarding SIGINT to every rank.
+        "signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
+        "shutdown_timeout": SHUTDOWN_TIMEOUT_S,
+    }
+    return {name: value for name, value in wanted.items() if name in have}
 
 
 def _quiet_agent() -> None:
