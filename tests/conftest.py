@@ -159,3 +159,24 @@ def _assert_usage_error(proc: subprocess.CompletedProcess[str], *fragments: str)
 def assert_usage_error() -> Callable[..., str]:
     """assert_usage_error(proc, *fragments): see _assert_usage_error."""
     return _assert_usage_error
+
+
+def cpu_rowwise_scaled_mm() -> bool:
+    """Whether this torch multiplies float8 with row-wise scales on the CPU (`torch._scaled_mm`, from 2.12;
+    2.11's CPU kernel takes one scale per tensor). The FP8 layer's CPU tests need it; on a GPU the layer
+    uses CUDA's kernel, which has had row-wise scales since before 2.11 (docs/torch-versions.md)."""
+    import torch
+
+    if not hasattr(torch, "float8_e4m3fn"):
+        return False
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(
+            a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16
+        )
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+NEEDS_CPU_ROWWISE_FP8 = "this torch's CPU _scaled_mm takes per-tensor scales only (row-wise from torch 2.12)"

@@ -94,7 +94,7 @@ def test_dockerfile_passes_hadolint_and_runs_as_a_non_root_user():
 def test_the_image_installs_every_runtime_dependency_but_torch():
     """The image takes its requirements from pyproject.toml (deploy/docker/requirements.py): every core
     dependency and the finetune, gpu and fa4 extras (Liger-Kernel and FlashAttention-4 included), never
-    torch, whose CUDA build the base image brings."""
+    torch, whose CUDA build the image pins on a line of its own (tests/test_versions.py)."""
     import tomllib
 
     proc = subprocess.run(

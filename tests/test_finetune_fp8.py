@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from conftest import NEEDS_CPU_ROWWISE_FP8, cpu_rowwise_scaled_mm  # noqa: E402
 from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
@@ -37,6 +38,8 @@ MANTISSA_HALF_ULP = 2.0**-4  # e4m3: 3 mantissa bits, round to nearest
 SUBNORMAL_HALF_SPACING = 2.0**-10  # e4m3 subnormals are 2^-9 apart (in units of the scale)
 BF16_ROUNDING = 2.0**-8  # bf16: 7 stored mantissa bits
 FP32_EPS = 2.0**-24
+# the tests that run the real FP8 product on this CPU (the others check quantisation and wiring alone)
+rowwise_product = pytest.mark.skipif(not cpu_rowwise_scaled_mm(), reason=NEEDS_CPU_ROWWISE_FP8)
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8_e4m3fn"
@@ -103,6 +106,7 @@ def _layer(
     return layer
 
 
+@rowwise_product
 def test_fp8_linear_output_and_input_gradient_against_float32_within_the_derived_bound():
     linear = _layer()
     fp8 = Fp8Linear.from_linear(linear)
@@ -132,6 +136,7 @@ def test_fp8_linear_output_and_input_gradient_against_float32_within_the_derived
     assert (grad_error <= grad_bound).all(), float((grad_error - grad_bound).max())
 
 
+@rowwise_product
 def test_the_frozen_weight_gets_no_gradient_and_the_input_one_only_when_asked():
     fp8 = Fp8Linear.from_linear(_layer(bias=False))
     assert list(fp8.parameters()) == [] and list(fp8.buffers()) == []  # nothing to train, save or broadcast
@@ -199,6 +204,7 @@ def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
     )
 
 
+@rowwise_product
 def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameters():
     from peft.tuners.lora.layer import Linear as LoraLinear
 
@@ -229,6 +235,7 @@ def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameter
     assert with_grad == set(trainable_before) and all("lora_" in n for n in with_grad)
 
 
+@rowwise_product
 @pytest.mark.parametrize("fast", [False, True])
 def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_keep_it(fast, monkeypatch):
     """`train.fp8_fast_accum` sets use_fast_accum of the forward product; the backward's is always off.
@@ -248,6 +255,7 @@ def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_
     assert asked == [fast, False]
 
 
+@rowwise_product
 def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_original_weight():
     """`train.fp8_input_grad: false`: the forward is the FP8 one, the input gradient is exactly the bf16
     product with the original weight, and a fused q/k/v part slices that weight by output rows."""
@@ -317,6 +325,7 @@ def test_fp8_on_a_cpu_is_refused_before_loading(runtime, train_file, tmp_path, m
         trainer.train(finetune_config_from_dict(data), runtime, save_adapter=False, quiet=True)
 
 
+@rowwise_product
 @pytest.mark.slow
 def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, tmp_path, monkeypatch):  # noqa: F811
     """The trainer's FP8 wiring end to end, through PyTorch's CPU `_scaled_mm` (the device check is
@@ -363,6 +372,7 @@ def test_quantised_values_are_row_major_whatever_the_input_layout():
     assert torch.equal(values.float(), reference.float())
 
 
+@rowwise_product
 def test_fp8_exclude_names_layers_from_either_end_and_keeps_exactly_those_in_bf16():
     from gpuval.finetune.fused_qkv import fuse_qkv
     from gpuval.finetune.parallel import decoder_layers

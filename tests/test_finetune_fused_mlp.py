@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from conftest import NEEDS_CPU_ROWWISE_FP8, cpu_rowwise_scaled_mm  # noqa: E402
 from test_finetune_fused_qkv import FLOAT64_SUMS, QKVO, lora_model, relative  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
@@ -203,7 +204,7 @@ def test_fp8_quantises_the_concatenated_weight_once_and_convert_frozen_linears_l
     assert set(model.state_dict()) == set(plain.state_dict())
 
 
-@fp8_available
+@pytest.mark.skipif(not cpu_rowwise_scaled_mm(), reason=NEEDS_CPU_ROWWISE_FP8)
 def test_fp8_mlp_quantises_x_once_and_computes_one_input_gradient_product(monkeypatch):
     """The real _scaled_mm (CPU) wrapped to record each product's shape: one forward product of 2 × 576
     columns for gate and up, and one input-gradient product of inner dimension 2 × 576; the forward is the
@@ -262,7 +263,16 @@ def test_fp8_mlp_quantises_x_once_and_computes_one_input_gradient_product(monkey
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16-path", "fp8"])
+@pytest.mark.parametrize(
+    "fp8",
+    [
+        False,
+        pytest.param(
+            True, marks=pytest.mark.skipif(not cpu_rowwise_scaled_mm(), reason=NEEDS_CPU_ROWWISE_FP8)
+        ),
+    ],
+    ids=["bf16-path", "fp8"],
+)
 def test_a_compiled_mlp_traces_fused_gate_up_in_one_graph(fp8):
     """The trainer compiles each decoder layer on a GPU: the gate/up bookkeeping (pending half, the input
     identity check) must trace without a graph break. Dynamo and AOT autograd run here (aot_eager,

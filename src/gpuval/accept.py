@@ -238,6 +238,37 @@ def run_accept(
     )
 
 
+def error_result(profile: Profile, detail: str, started_at: datetime, world: dict[str, Any]) -> Result:
+    """The record of a run that could not finish: verdict ERROR, one `run.error` check saying why."""
+    checks = [Check(name="run.error", status=Status.ERROR, detail=detail)]
+    return Result(
+        verdict=verdict(checks),
+        started_at=started_at.isoformat(timespec="seconds"),
+        duration_s=round((datetime.now(timezone.utc) - started_at).total_seconds(), 3),
+        profile=profile.name,
+        world=world,
+        checks=checks,
+        gpuval_version=__version__,
+        command=["gpuval", *sys.argv[1:]],
+        settings={"profile": profile.model_dump(mode="json")},
+    )
+
+
+def write_error_reports(
+    exc: Exception, output_dir: Path, profile: Profile, started_at: datetime, world: dict[str, Any]
+) -> Exception:
+    """An exception gpuval did not foresee, met while running accept: its traceback saved beside the
+    reports, and result.json, junit.xml and report.html saying ERROR with its one line. Returns the
+    RunError to raise (exit 3). A result.json this run already wrote stays: it is the run's verdict."""
+    from gpuval.crash import unforeseen
+
+    error = unforeseen(exc, output_dir)
+    if not (output_dir / "result.json").exists():
+        with contextlib.suppress(Exception):  # the one line still says what happened
+            write_reports(error_result(profile, str(error), started_at, world), output_dir)
+    return error
+
+
 def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
     """The result with its drift checks against the node's past runs added, and the verdict again."""
     if history is None:

@@ -388,4 +388,10 @@ def run_distributed(
         if os.environ.get("RANK", "0") == "0":
             print(f"gpuval: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code
+    except Exception as exc:  # unforeseen: ERROR, said by the rank that met it (it may be the only one)
+        from gpuval.crash import unforeseen
+
+        error = unforeseen(exc)
+        print(f"gpuval: {error}", file=sys.stderr, flush=True)
+        code = error.exit_code
     return report_exit(code)

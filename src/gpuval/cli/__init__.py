@@ -137,12 +137,17 @@ def main() -> None:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
         _say(f"gpuval: {stop}")
         code = stop.exit_code
-    except Exception:
-        if not signalled:
-            raise
-        stop = Interrupted(signalled[0])
-        _say(f"gpuval: {stop}")
-        code = stop.exit_code
+    except Exception as exc:
+        if signalled:
+            stop = Interrupted(signalled[0])
+            _say(f"gpuval: {stop}")
+            code = stop.exit_code
+        else:  # unforeseen: ERROR (exit 3), never exit 1, which means the hardware FAILed
+            from gpuval.crash import unforeseen
+
+            error = unforeseen(exc)
+            _say(f"gpuval: {error}")
+            code = error.exit_code
     except SystemExit as exc:  # typer ends every command this way
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0

@@ -23,7 +23,7 @@ from gpuval.cli.options import (
     progress,
     say,
 )
-from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, Interrupted
+from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, Interrupted
 
 
 @exits
@@ -75,14 +75,28 @@ def accept(
         if soak is not None:  # a result.json found after an interrupt (below) is then this soak's
             forget_earlier_run(output)
 
+    started = datetime.now(timezone.utc)
+
     def work() -> int:
-        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.accept import write_error_reports
         from gpuval.quiet import route_third_party_output
-        from gpuval.report.console import print_result
         from gpuval.runtime import init_runtime
 
         runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
         route_third_party_output(output, runtime.rank)  # the train benchmark's libraries: to a file
+        try:
+            return judged(runtime)
+        except GpuvalError:
+            raise
+        except Exception as exc:  # unforeseen: rank 0 leaves result files saying ERROR, exit 3
+            if not runtime.is_main:
+                raise
+            raise write_error_reports(exc, output, loaded, started, runtime.world_info()) from None
+
+    def judged(runtime) -> int:
+        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.report.console import print_result
+
         try:
             if runtime.is_main and not json_:
                 say(
@@ -136,6 +150,15 @@ def accept(
             gpus_expected=bool(loaded.expect.gpu_count),
             timeout_s=loaded.runtime.timeout_s,
         )
+    except GpuvalError:
+        raise
+    except Exception as exc:  # unforeseen in the launcher itself (a torch it does not know, say)
+        from gpuval.accept import write_error_reports
+
+        if not is_first_rank():
+            raise
+        world = {"size": nproc or 1, "nodes": 1, "backend": "nccl" if launch.on_gpu() else "gloo"}
+        raise write_error_reports(exc, output, loaded, started, world) from None
     except Interrupted as stop:
         # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
         # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).

@@ -1,0 +1,28 @@
+"""Test hook, put on PYTHONPATH by tests/test_crash.py only: an exception gpuval does not foresee.
+
+Active only where the test sets GPUVAL_TEST_CRASH:
+- `launcher`: the launcher's call into torch's engine raises TypeError (as torch 2.11 did for a keyword
+  it did not know), before any rank starts;
+- `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept.
+Anywhere else it imports nothing.
+"""
+
+import os
+
+_where = os.environ.get("GPUVAL_TEST_CRASH", "")
+
+if _where == "launcher" and "RANK" not in os.environ:
+    import gpuval.launch as _launch
+
+    def _launch_local(nproc, argv, timeout_s=300.0):
+        raise TypeError("LaunchConfig.__init__() got an unexpected keyword argument 'from_the_test'")
+
+    _launch.launch_local = _launch_local
+
+if _where.startswith("rank") and os.environ.get("RANK", "0") == _where[len("rank") :]:
+    import gpuval.bench.run as _run
+
+    def _run_benchmarks(*args, **kwargs):
+        raise TypeError("an argument this torch does not take (from the test)")
+
+    _run.run_benchmarks = _run_benchmarks

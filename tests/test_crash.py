@@ -1,0 +1,105 @@
+"""An exception gpuval did not foresee ends as ERROR (exit 3) with one line and result files saying so,
+never as exit 1 (FAIL) with a traceback (issue 34: torch 2.11's LaunchConfig crashed every multi-rank
+run that way). tests/dist/crashhook raises the exception where the test asks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import cli_env, run_cli
+
+HOOK = Path(__file__).parent / "dist" / "crashhook"
+PROFILE = (
+    "name: tiny\n"
+    "expect: {gpu_count: 0}\n"
+    "runtime: {timeout_s: 5}\n"
+    "checks:\n"
+    "  matmul.fp32_tflops: {min: 0.000001}\n"
+    "benchmarks:\n"
+    "  matmul: {dtypes: [fp32], slow_shapes: [[64, 64, 64]], warmup: 1, repeats: 1, warmup_s: 0,"
+    " min_time_s: 0, window_s: 0}\n"
+)
+
+
+def _crash(tmp_path: Path, where: str, nproc: int):
+    (tmp_path / "tiny.yaml").write_text(PROFILE)
+    (tmp_path / "tmp").mkdir()
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
+        GPUVAL_TEST_CRASH=where,
+        OMP_NUM_THREADS="1",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
+    args = ["accept", "--profile", "tiny.yaml", "--nproc", str(nproc), "--output", "out"]
+    return run_cli(args, cwd=tmp_path, env=env, timeout=120)
+
+
+def _assert_error_files(tmp_path: Path, proc, fragment: str) -> None:
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: internal error")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "TypeError" in lines[0] and fragment in lines[0]
+    assert "Traceback" not in proc.stderr
+    kept = tmp_path / "out" / "gpuval-error.log"
+    assert str(kept) in lines[0] or "gpuval-error.log" in lines[0]
+    assert fragment in kept.read_text() and "Traceback" in kept.read_text()
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["verdict"] == "ERROR"
+    (error,) = [c for c in result["checks"] if c["name"] == "run.error"]
+    assert error["status"] == "ERROR" and fragment in error["detail"]
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert "run.error" in junit
+
+
+@pytest.mark.dist
+def test_an_unforeseen_error_in_the_launcher_is_exit_3_with_an_error_result(tmp_path: Path) -> None:
+    proc = _crash(tmp_path, "launcher", nproc=2)
+    _assert_error_files(tmp_path, proc, "unexpected keyword argument 'from_the_test'")
+
+
+@pytest.mark.dist
+def test_an_unforeseen_error_in_rank_0_is_exit_3_with_an_error_result(tmp_path: Path) -> None:
+    proc = _crash(tmp_path, "rank0", nproc=2)
+    _assert_error_files(tmp_path, proc, "this torch does not take")
+
+
+@pytest.mark.dist
+def test_an_unforeseen_error_in_another_rank_is_exit_3_in_one_line(tmp_path: Path) -> None:
+    proc = _crash(tmp_path, "rank1", nproc=2)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    internal = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: internal error")]
+    assert len(internal) == 1 and "this torch does not take" in internal[0]
+    assert (
+        not (tmp_path / "out" / "result.json").exists()
+        or json.loads((tmp_path / "out" / "result.json").read_text())["verdict"] != "PASS"
+    )
+
+
+def test_the_one_line_names_the_torch_when_it_is_outside_the_range(monkeypatch) -> None:
+    from gpuval import crash
+
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "2.9.1+cu128")
+    line = str(crash.unforeseen(TypeError("x"), None))
+    assert "torch 2.9.1+cu128 is outside the supported range (torch >= 2.11, < 2.15)" in line
+    monkeypatch.setattr("importlib.metadata.version", lambda name: "2.13.0")
+    assert "a gpuval bug" in str(crash.unforeseen(TypeError("x"), None))
+
+
+def test_the_version_range_reads_releases() -> None:
+    from gpuval.versions import parse, torch_problem
+
+    assert (
+        parse("2.11.0+cu130") == (2, 11) and parse("2.14.1") == (2, 14) and parse("2.15.0a0+git") == (2, 15)
+    )
+    assert torch_problem("2.11.0+cu130") is None and torch_problem("2.14.1") is None
+    assert "outside" in torch_problem("2.10.0") and "outside" in torch_problem("2.15.0")
+    assert "cannot read" in torch_problem("banana")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__]))

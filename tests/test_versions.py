@@ -1,0 +1,51 @@
+"""The supported torch range is one fact, said in five places that must agree: src/gpuval/versions.py,
+pyproject's requirement, the README's "Supported versions" line, what .ci/run installs and runs, and the
+torch the image pins (issue 34: pyproject admitted torch 2.4 while every multi-rank run crashed on 2.11)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import tomllib
+
+from gpuval.versions import TORCH_BELOW, TORCH_CI, TORCH_LOWEST, parse, supported_torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dotted(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def test_pyproject_requires_the_supported_range() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (torch,) = [req for req in project["dependencies"] if re.match(r"torch\b", req)]
+    assert torch == f"torch>={_dotted(TORCH_LOWEST)},<{_dotted(TORCH_BELOW)}"
+
+
+def test_the_readme_states_the_range_ci_enforces() -> None:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (line,) = [line for line in text.splitlines() if line.startswith("**Supported versions:**")]
+    last = (TORCH_BELOW[0], TORCH_BELOW[1] - 1)
+    assert f"torch {_dotted(TORCH_LOWEST)} to {_dotted(last)}" in line
+    for version in TORCH_CI:
+        assert version in line
+
+
+def test_ci_runs_the_suite_on_one_end_and_the_multi_rank_tests_on_the_lowest() -> None:
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text(encoding="utf-8")
+    (pinned,) = re.findall(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.M)
+    assert parse(pinned) == TORCH_LOWEST and pinned in TORCH_CI  # the image runs the lowest, tested
+    assert "pip install -q torch==2.13.0" in ci and "2.13.0" in TORCH_CI
+    assert "sed -n 's/^ARG TORCH_VERSION=//p' deploy/docker/Dockerfile" in ci
+    assert '.venv-lowest/bin/python -m pip install -q "torch==${lowest}"' in ci
+    assert '.venv-lowest/bin/python -m pytest -m "dist or not slow"' in ci
+    assert re.search(r"^\.venv/bin/python -m pytest$", ci, re.M)
+    for version in TORCH_CI:
+        assert TORCH_LOWEST <= parse(version) < TORCH_BELOW
+
+
+def test_the_range_reads_as_people_write_it() -> None:
+    assert supported_torch() == f"torch >= {_dotted(TORCH_LOWEST)}, < {_dotted(TORCH_BELOW)}"
