@@ -139,8 +139,8 @@ register(
                     Metric("copy_tbps", "TB/s", +1, description="HBM copy, read + written", plot=True),
                     Metric("read_tbps", "TB/s", +1, description="HBM read"),
                     Metric("write_tbps", "TB/s", +1, description="HBM write"),
-                    # pinned copies ride on the host's memory and PCIe root as much as on the GPU: one
-                    # clean H100 read 48.7 GB/s d2h where its other runs read 52.6-55.0 (docs/thresholds.md)
+                    # pinned copies ride on the host's memory and PCIe root as much as on the GPU: a
+                    # healthy GPU can read low once (docs/thresholds.md, noisy host-side metrics)
                     Metric(
                         "h2d_gbps",
                         "GB/s",
