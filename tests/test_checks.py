@@ -410,3 +410,12 @@ def test_a_check_without_any_bound_is_refused(bound, message):
 
     with pytest.raises(ValidationError, match=re.escape(message)):
         profile(**{"all_reduce.busbw_gbps": bound})
+
+
+def test_by_gpus_on_a_per_gpu_metric_is_a_usage_error():
+    from gpuval.bench.run import plan_benchmarks
+    from gpuval.errors import UsageError
+
+    bounds = profile(**{"matmul.bf16_tflops": {"by_gpus": {2: {"min": 600}}}})
+    with pytest.raises(UsageError, match="by_gpus is for measurements whose figure depends on the GPU count"):
+        plan_benchmarks(bounds, quick=True, on_gpu=False)
