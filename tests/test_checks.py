@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuval import metrics
@@ -345,3 +347,75 @@ def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monke
     assert outcome.not_run["membw"] == (Status.ERROR, f"not run: an earlier benchmark failed ({reason})")
     assert outcome.error_nodes == {"matmul": {"n1"}, "membw": {"n1"}}  # where it broke: health may explain it
     assert capsys.readouterr().err == f"gpuval: {reason}\n"
+
+
+# ---- bounds per GPU count (by_gpus) -----------------------------------------------------------------------
+
+PER_COUNT = {"bytes": "1MiB", "by_gpus": {2: {"min": 100, "source": "derived"}, 4: {"min": 130}}}
+
+
+def on(ranks: int, busbw: float) -> Measurement:
+    measured = coll("all_reduce", 2**20, busbw_gbps=busbw)
+    return measured.model_copy(update={"params": {**measured.params, "ranks": ranks}})
+
+
+def test_a_collective_is_judged_by_the_bound_of_its_own_gpu_count():
+    two, four = judge({"all_reduce.busbw_gbps": PER_COUNT}, [on(2, 120.0), on(4, 120.0)])
+    assert (two.status, two.threshold) == (Status.PASS, {"min": 100.0, "bytes": 2**20, "gpus": 2})
+    assert (four.status, four.threshold) == (Status.FAIL, {"min": 130.0, "bytes": 2**20, "gpus": 4})
+    assert four.detail.startswith("120 GB/s at 1 MiB on cluster, required >= 130")
+
+
+def test_an_uncalibrated_gpu_count_warns_and_never_fails_against_another_counts_bound():
+    [check] = judge({"all_reduce.busbw_gbps": PER_COUNT}, [on(8, 50.0)])
+    assert check.status is Status.WARN and check.value == 50.0
+    assert check.detail == (
+        "not calibrated for 8 GPUs: measured 50 GB/s at 1 MiB (the profile bounds it for 2, 4 GPUs; "
+        "gpuval profiles derive makes a bound from clean runs)"
+    )
+
+
+def test_p2p_takes_the_gpu_count_of_the_node():
+    link = Measurement(
+        name="p2p", scope="link:n1/gpu0-gpu1", params={"src": 0, "dst": 1}, metrics={"copy_gbps": 90}
+    )
+    bounds = profile(**{"p2p.copy_gbps": {"by_gpus": {2: {"min": 100}}}})
+    [two] = threshold_checks(bounds, [link], {}, {"p2p": "p2p"}, gpus_per_node=2)
+    [four] = threshold_checks(bounds, [link], {}, {"p2p": "p2p"}, gpus_per_node=4)
+    assert (two.status, four.status) == (Status.FAIL, Status.WARN)
+
+
+def test_a_flat_bound_set_over_by_gpus_holds_at_every_count():
+    from gpuval.config import apply_sets
+
+    data = {"name": "t", "checks": {"all_reduce.busbw_gbps": dict(PER_COUNT)}}
+    apply_sets(
+        data, ["checks.all_reduce.busbw_gbps.min=125", "checks.all_reduce.busbw_gbps.by_gpus.4.min=90"]
+    )
+    bounds = Profile.model_validate(data)
+    assert bounds.checks["all_reduce.busbw_gbps"].by_gpus[4].min == 90  # the YAML's key 4, not a new '4'
+    checks = threshold_checks(bounds, [on(2, 120.0), on(8, 120.0)], {}, PRODUCERS)
+    assert [(c.status, c.threshold.get("min")) for c in checks] == [
+        (Status.FAIL, 125.0),
+        (Status.FAIL, 125.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    "bound, message",
+    [({"bytes": "1MiB"}, "give min or max (or by_gpus)"), ({"by_gpus": {2: {}}}, "needs min or max")],
+)
+def test_a_check_without_any_bound_is_refused(bound, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        profile(**{"all_reduce.busbw_gbps": bound})
+
+
+def test_by_gpus_on_a_per_gpu_metric_is_a_usage_error():
+    from gpuval.bench.run import plan_benchmarks
+    from gpuval.errors import UsageError
+
+    bounds = profile(**{"matmul.bf16_tflops": {"by_gpus": {2: {"min": 600}}}})
+    with pytest.raises(UsageError, match="by_gpus is for measurements whose figure depends on the GPU count"):
+        plan_benchmarks(bounds, quick=True, on_gpu=False)

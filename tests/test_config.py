@@ -31,7 +31,7 @@ def test_builtin_profile_loads_and_is_named_after_its_file(name):
     assert profile.description
     assert profile.checks, "a profile without checks judges nothing"
     for check, threshold in profile.checks.items():
-        assert threshold.min is not None or threshold.max is not None, f"{name}: {check} has no bound"
+        assert threshold.flat or threshold.by_gpus, f"{name}: {check} has no bound"
 
 
 def test_cpu_profile_values():

@@ -14,7 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from gpuval import metrics
-from gpuval.config import Profile, Threshold
+from gpuval.config import CountBound, Profile, Threshold
 from gpuval.metrics import Metric
 from gpuval.pairs import Suspect, attribute, describe
 from gpuval.results import Check, Measurement, Status
@@ -135,7 +135,7 @@ def pair_outliers(measurements: list[Measurement], benchmark: str, metric: str) 
     return derived
 
 
-def _describe_bound(threshold: Threshold) -> str:
+def _describe_bound(threshold: Threshold | CountBound) -> str:
     parts = []
     if threshold.min is not None:
         parts.append(f">= {threshold.min:g}")
@@ -144,36 +144,82 @@ def _describe_bound(threshold: Threshold) -> str:
     return " and ".join(parts) or "any value"
 
 
-def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshold) -> Check:
+def gpu_count(measurement: Measurement, gpus_per_node: int | None) -> int | None:
+    """How many GPUs a measurement spans, the key of Threshold.by_gpus: a collective's ranks, else the
+    GPUs of the node (P2P copies run between the GPUs of one node)."""
+    ranks = measurement.params.get("ranks")
+    return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else gpus_per_node
+
+
+def _bound_dict(threshold: Threshold, bound: CountBound | None, gpus: int | None) -> dict[str, Any]:
+    """The threshold a check reports: the bound judged by, its size, and the GPU count that chose it."""
+    shown: dict[str, Any] = {}
+    if bound is not None:
+        shown.update(bound.model_dump(exclude_none=True, exclude={"source"}))
+    if threshold.bytes is not None:
+        shown["bytes"] = threshold.bytes
+    if not threshold.flat and gpus is not None:
+        shown["gpus"] = gpus
+    return shown
+
+
+def _measured_twice(measurement: Measurement, metric: str, unit: str) -> str:
+    """'; measured twice: ...' for a noisy metric that accept measured again (gpuval.remeasure), else ''."""
+    both = (measurement.params.get("remeasured") or {}).get(metric)
+    if not both:
+        return ""
+    return (
+        f"; measured twice, the better judged ({both[0]:.4g} then {both[1]:.4g} {unit}): host-side copies "
+        "vary with the host"
+    )
+
+
+def _judge(
+    name: str, measurement: Measurement, metric: str, threshold: Threshold, gpus_per_node: int | None = None
+) -> Check:
     value = measurement.metrics.get(metric)
     unit = metrics.unit(measurement.name, metric)
-    bound = threshold.model_dump(exclude_none=True, exclude={"level"})
+    gpus = gpu_count(measurement, gpus_per_node)
+    bound = threshold.at(gpus)
+    shown = _bound_dict(threshold, bound, gpus)
     where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
     if value is None or math.isnan(value):
         return Check(
             name=name,
             status=Status.ERROR,
-            threshold=bound,
+            threshold=shown,
             unit=unit,
             scope=measurement.scope,
             detail=f"{name}{where}: the benchmark produced no value; rerun and read its log",
         )
-    low = threshold.min is not None and value < threshold.min
-    high = threshold.max is not None and value > threshold.max
+    if bound is None:  # by_gpus names other GPU counts: another count's floor says nothing about this one
+        counts = ", ".join(str(count) for count in sorted(threshold.by_gpus or {})) or "none"
+        return Check(
+            name=name,
+            status=Status.WARN,
+            value=value,
+            threshold=shown,
+            unit=unit,
+            scope=measurement.scope,
+            detail=f"not calibrated for {gpus} GPUs: measured {value:.4g} {unit}{where} (the profile bounds "
+            f"it for {counts} GPUs; gpuval profiles derive makes a bound from clean runs)",
+        )
+    low = bound.min is not None and value < bound.min
+    high = bound.max is not None and value > bound.max
     finding = measurement.params.get("finding")  # a derived measurement's own words for what it judged
     if not (low or high):
-        status, detail = Status.PASS, f"{value:.4g} {unit}{where}, required {_describe_bound(threshold)}"
+        status, detail = Status.PASS, f"{value:.4g} {unit}{where}, required {_describe_bound(bound)}"
         if finding:
             detail = f"{finding}: {detail}"
     else:
         status = Status.WARN if threshold.level == "warn" else Status.FAIL
         detail = (
-            f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(threshold)}: "
+            f"{value:.4g} {unit}{where} on {measurement.scope}, required {_describe_bound(bound)}: "
             f"{metrics.hint(measurement.name, metric)}"
         )
         if measurement.name == "outliers" and finding:
             detail = (
-                f"{finding}: {value:.1f}% below, required {_describe_bound(threshold)}: "
+                f"{finding}: {value:.1f}% below, required {_describe_bound(bound)}: "
                 f"{measurement.params.get('hint') or metrics.hint(measurement.name, metric)}"
             )
         elif measurement.name == "outliers":
@@ -187,10 +233,10 @@ def _judge(name: str, measurement: Measurement, metric: str, threshold: Threshol
         name=name,
         status=status,
         value=value,
-        threshold=bound,
+        threshold=shown,
         unit=unit,
         scope=measurement.scope,
-        detail=detail,
+        detail=detail + _measured_twice(measurement, metric, unit),
     )
 
 
@@ -199,10 +245,12 @@ def threshold_checks(
     measurements: list[Measurement],
     not_run: dict[str, tuple[Status, str]],
     producers: dict[str, str],
+    gpus_per_node: int | None = None,
 ) -> list[Check]:
     """One check per (profile check, matching measurement); a check with nothing to judge is never a PASS.
 
-    `not_run` maps a benchmark to (SKIP|ERROR, reason); `producers` maps a measurement name to its benchmark.
+    `not_run` maps a benchmark to (SKIP|ERROR, reason); `producers` maps a measurement name to its benchmark;
+    `gpus_per_node` picks a `by_gpus` bound where a measurement does not say how many ranks it spans.
     """
     checks: list[Check] = []
     wanted = dict(profile.checks)
@@ -220,7 +268,7 @@ def threshold_checks(
             and (threshold.bytes is None or m.params.get("bytes") == threshold.bytes)
         ]
         if matches:
-            checks.extend(_judge(name, m, metric, threshold) for m in matches)
+            checks.extend(_judge(name, m, metric, threshold, gpus_per_node) for m in matches)
             continue
         source = producers.get(target)
         where = f" at {format_bytes(threshold.bytes)}" if threshold.bytes is not None else ""
@@ -239,7 +287,7 @@ def threshold_checks(
             Check(
                 name=name,
                 status=status,
-                threshold=threshold.model_dump(exclude_none=True, exclude={"level"}),
+                threshold=_bound_dict(threshold, threshold.at(gpus_per_node), None),
                 unit=metrics.unit(target, metric),
                 detail=detail,
             )

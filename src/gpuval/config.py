@@ -35,21 +35,69 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+# A bound's source starting with this was set by a person, not derived from runs (docs/thresholds.md):
+# `gpuval profiles derive` keeps such a bound where its runs are too few to derive one.
+HAND_SET = "hand-set"
+
+
+def _ordered(low: float | None, high: float | None) -> None:
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"min {low:g} is above max {high:g}: swap them")
+
+
+class CountBound(_Strict):
+    """The bound of a check at one GPU count (`by_gpus`)."""
+
+    min: float | None = None
+    max: float | None = None
+    source: str | None = Field(
+        None, description="the runs it was derived from, or 'hand-set: why' (gpuval profiles derive)"
+    )
+
+    @model_validator(mode="after")
+    def _bounded(self) -> CountBound:
+        if self.min is None and self.max is None:
+            raise ValueError("a GPU count's bound needs min or max")
+        _ordered(self.min, self.max)
+        return self
+
+
 class Threshold(_Strict):
-    """Bounds for one check. `bytes` selects the measurement at that message size (collectives)."""
+    """Bounds for one check. `bytes` selects the measurement at that message size (collectives).
+
+    A check whose figure depends on how many GPUs take part (collectives, P2P: metrics.MeasurementDecl's
+    `by_gpu_count`) may give its bounds per GPU count in `by_gpus`; a count not listed there is not
+    calibrated (WARN). A flat min/max applies at every count and wins over `by_gpus` (what
+    `--set checks.X.min=V` gives)."""
 
     min: float | None = None
     max: float | None = None
     bytes: ByteSize | None = None
     level: Literal["fail", "warn"] = Field("fail", description="what crossing the bound gives")
+    by_gpus: dict[Annotated[int, Field(ge=1)], CountBound] | None = Field(
+        None, description="bounds per GPU count of the measurement, e.g. {2: {min: 305}, 4: {min: 330}}"
+    )
+    source: str | None = Field(
+        None, description="the runs the bound was derived from, or 'hand-set: why' (gpuval profiles derive)"
+    )
 
     @model_validator(mode="after")
     def _bounded(self) -> Threshold:
-        if self.min is None and self.max is None:
-            raise ValueError("a check needs a bound: give min or max")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min {self.min:g} is above max {self.max:g}: swap them")
+        if self.min is None and self.max is None and not self.by_gpus:
+            raise ValueError("a check needs a bound: give min or max (or by_gpus)")
+        _ordered(self.min, self.max)
         return self
+
+    @property
+    def flat(self) -> bool:
+        """Whether one bound holds at every GPU count."""
+        return self.min is not None or self.max is not None
+
+    def at(self, gpus: int | None) -> CountBound | None:
+        """The bound at `gpus` GPUs: the flat one, else by_gpus' entry; None where not calibrated."""
+        if self.flat:
+            return CountBound(min=self.min, max=self.max, source=self.source)
+        return (self.by_gpus or {}).get(gpus) if gpus is not None else None
 
 
 class Expect(_Strict):
@@ -206,13 +254,19 @@ def apply_sets(
             parts = [parts[0], f"{parts[1]}.{parts[2]}", *parts[3:]]
         node = data
         for part in parts[:-1]:
-            child = node.get(part)
+            key = _existing_key(node, part)
+            child = node.get(key)
             if child is None:
-                child = node[part] = {}
+                child = node[key] = {}
             if not isinstance(child, dict):
                 raise UsageError(f"--set '{assignment}': '{part}' is a value, not a section")
             node = child
-        node[parts[-1]] = value
+        node[_existing_key(node, parts[-1])] = value
+
+
+def _existing_key(node: dict[Any, Any], part: str) -> Any:
+    """The key `part` names in `node`: YAML reads `2:` as the number 2 (by_gpus), --set gives text."""
+    return int(part) if part.isdigit() and int(part) in node else part
 
 
 def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> str:
@@ -247,6 +301,8 @@ def _known_keys(model: type[BaseModel], location: tuple[Any, ...]) -> list[str]:
         if field is None:
             return []
         annotation = field.annotation
+        # an optional mapping (by_gpus) is a mapping too
+        annotation = next((a for a in get_args(annotation) if get_origin(a) is dict), annotation)
         if get_origin(annotation) is dict:
             if parts:
                 parts.pop(0)  # the dict's own key, e.g. a check name

@@ -44,6 +44,9 @@ class Metric:
     # the one metric `gpuval compare` shows for its measurement in its summary; unset, the first plotted
     # compared metric is, else the first compared one declared (MeasurementDecl.headline_keys)
     headline: bool = False
+    # depends on the host more than on the GPU (pinned host<->device copies): accept measures it again
+    # once before its check FAILs and judges the better of the two (gpuval.remeasure)
+    noisy: bool = False
 
     def __post_init__(self) -> None:
         if self.better not in (-1, 0, 1):
@@ -68,6 +71,9 @@ class MeasurementDecl:
     identity: tuple[str, ...] = ()
     hint: str = ""
     view: str = "table"
+    # its figures depend on how many GPUs take part (collectives, P2P through NVSwitch): profiles bound it
+    # per GPU count (Threshold.by_gpus) and `gpuval profiles derive` derives it per count
+    by_gpu_count: bool = False
 
     def __post_init__(self) -> None:
         if self.view not in VIEWS:
@@ -168,6 +174,18 @@ def of_check(check_name: str) -> Metric | None:
     """The metric a check '<measurement>.<metric>' judges; None for a health check or anything undeclared."""
     name, _, key = check_name.partition(".")
     return find(name, key) if key else None
+
+
+def noisy(name: str, key: str) -> bool:
+    """Whether `name.key` is measured again once before its check FAILs."""
+    found = find(name, key)
+    return bool(found and found.noisy)
+
+
+def by_gpu_count(name: str) -> bool:
+    """Whether measurement `name` is bounded per GPU count."""
+    decl = measurement(name)
+    return bool(decl and decl.by_gpu_count)
 
 
 def identity(name: str) -> tuple[str, ...] | None:

@@ -467,7 +467,9 @@ register(
         defaults=_defaults,
         run=run_collectives,
         metrics=tuple(
-            MeasurementDecl(op, _METRICS, identity=("bytes", "dtype"), hint=_HINT, view="size_sweep")
+            MeasurementDecl(
+                op, _METRICS, identity=("bytes", "dtype"), hint=_HINT, view="size_sweep", by_gpu_count=True
+            )
             for op in ALL_OPS
         ),
         # 'outliers.collectives_pct': the node or link that the pairs of nodes (scope 'pairs') blame

@@ -93,6 +93,7 @@ register(
                 identity=("src", "dst"),
                 hint="check this GPU pair's NVLinks (nvidia-smi nvlink -s, -e) and peer access",
                 view="pair_matrix",
+                by_gpu_count=True,
             ),
         ),
         outlier_metrics=("copy_gbps",),

@@ -53,6 +53,11 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
                     f"'{metric}'{hint}; its metrics: {', '.join(m.key for m in decl.metrics)}"
                 )
             needed.add(producers[target])
+            if profile.checks[check_name].by_gpus and not decl.by_gpu_count:
+                raise UsageError(
+                    f"profile '{profile.name}': check '{check_name}': by_gpus is for measurements whose "
+                    "figure depends on the GPU count (collectives, p2p); give min or max"
+                )
         elif target != "expect":
             raise UsageError(
                 f"profile '{profile.name}': check '{check_name}': nothing measures '{target}'; "

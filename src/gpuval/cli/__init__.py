@@ -54,11 +54,11 @@ app.command()(bench.bench)
 app.command()(discover.discover)
 app.command()(health.health)
 app.command()(monitor.monitor)
-app.command()(results.profiles)
 app.command()(results.report)
 app.command()(results.compare)
 app.command("history")(results.history_command)
 app.command()(results.schema)
+app.add_typer(results.profiles_app, name="profiles")
 app.add_typer(finetune.finetune_app, name="finetune")
 
 

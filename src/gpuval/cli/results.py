@@ -12,14 +12,103 @@ import typer
 from gpuval.cli.options import HistoryOption, console, exits, output_file, say
 from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
 
+profiles_app = typer.Typer(help="The built-in profiles: list them, or derive one from clean runs.")
 
-@exits
-def profiles() -> int:
-    """List the built-in profiles."""
+
+@profiles_app.callback(invoke_without_command=True)
+def profiles(ctx: typer.Context) -> None:
+    """List the built-in profiles (derive: a profile's bounds from clean runs)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from gpuval.config import builtin_profiles, load_profile
 
     for name in builtin_profiles():
         console.print(f"[bold]{name}[/]: {load_profile(name).description}")
+    raise typer.Exit(EXIT_PASS)
+
+
+@profiles_app.command("derive")
+@exits
+def profiles_derive(
+    runs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="result.json files (or gpuval bench --output documents) of clean runs of healthy nodes"
+        ),
+    ] = None,
+    output: Annotated[Path | None, output_file("the derived profile YAML")] = None,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            help="profile whose checks are derived, and whose other fields are kept (default: the one "
+            "matching the runs' GPUs)"
+        ),
+    ] = None,
+    k: Annotated[
+        float, typer.Option(help="standard deviations between the worst clean value and the bound", min=0)
+    ] = 3.0,
+    min_runs: Annotated[
+        int, typer.Option(help="runs a bound needs, per GPU count where it depends on it", min=2)
+    ] = 3,
+    keep: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="a check (glob) not derived from any run: the base's hand-set bound stays (repeatable)"
+        ),
+    ] = None,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            help="derive every profile a manifest lists from its runs and rewrite it in place "
+            "(benchmarks/derivation.yaml); no RUNS, no --output"
+        ),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="with --manifest: write nothing; exit 1 where a profile's bounds differ"
+        ),
+    ] = False,
+) -> int:
+    """Derive a profile's bounds from clean runs: floor = worst value - k x sd per check, per GPU count for
+    collectives and P2P; each bound names the runs it came from (docs/thresholds.md)."""
+    from gpuval.atomic import write_text_atomic
+    from gpuval.derive import Rule, base_for, derive_profile, drifted, from_manifest, load_run
+
+    if manifest is not None:
+        if runs or output is not None:
+            raise UsageError("--manifest names the runs and the outputs itself: drop RUNS and --output")
+        derived = from_manifest(manifest)
+        if check:
+            stale = [(one, names) for one in derived if (names := drifted(one))]
+            for one, names in stale:
+                say(
+                    f"gpuval: {one.path}: {', '.join(names)} no longer follow from the runs",
+                    err=True,
+                    soft_wrap=True,
+                )
+            if not stale:
+                say(f"every profile of {manifest} follows from its runs", soft_wrap=True)
+            return EXIT_FAIL if stale else EXIT_PASS
+        for one in derived:  # every profile derived before any is written: an error leaves all as they were
+            write_text_atomic(one.path, one.text)
+            say(f"wrote {one.path}", soft_wrap=True)
+        return EXIT_PASS
+    if check:
+        raise UsageError("--check compares the profiles of a --manifest: pass --manifest FILE")
+    if not runs:
+        raise UsageError("no runs given: pass the result.json files of clean runs (or --manifest FILE)")
+    if output is None:
+        raise UsageError("pass --output FILE for the derived profile")
+    if output.is_dir():
+        raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/profile.yaml")
+    loaded = [load_run(path, skip=frozenset(keep or [])) for path in runs]
+    text, _, profile = derive_profile(base_for(loaded, base), loaded, Rule(k=k, min_runs=min_runs))
+    try:
+        write_text_atomic(output, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}: choose another --output") from None
+    say(f"wrote {output}: {len(profile.checks)} checks from {len(loaded)} runs", soft_wrap=True)
     return EXIT_PASS
 
 
