@@ -16,7 +16,8 @@ import typer
 
 from gpuval.cli import accept, bench, discover, finetune, health, monitor, results
 from gpuval.cli.options import err_console
-from gpuval.errors import GpuvalError
+from gpuval.errors import GpuvalError, one_line
+from gpuval.inputs import refused_input
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -125,24 +126,29 @@ def main() -> None:
         exc.show()
         code = exc.exit_code
     except click.ClickException as exc:
-        _say(_click_line(exc))
+        _say(one_line(_click_line(exc)))
         code = exc.exit_code
     except typer.Abort:
         _say("gpuval: aborted")
         code = 1
     except GpuvalError as exc:
-        _say(f"gpuval: {exc}")
+        _say(f"gpuval: {one_line(str(exc))}")  # a bad value echoed back may hold a newline
         code = exc.exit_code
     except (Interrupted, KeyboardInterrupt) as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
         _say(f"gpuval: {stop}")
         code = stop.exit_code
-    except Exception:
-        if not signalled:
+    except Exception as exc:
+        refused = refused_input(exc)  # a path too long, nesting too deep: the input's fault, exit 2
+        if refused is not None and not signalled:
+            _say(f"gpuval: {one_line(str(refused))}")
+            code = refused.exit_code
+        elif not signalled:
             raise
-        stop = Interrupted(signalled[0])
-        _say(f"gpuval: {stop}")
-        code = stop.exit_code
+        else:
+            stop = Interrupted(signalled[0])
+            _say(f"gpuval: {stop}")
+            code = stop.exit_code
     except SystemExit as exc:  # typer ends every command this way
         if exc.code is None or isinstance(exc.code, int):
             code = exc.code or 0
