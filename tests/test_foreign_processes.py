@@ -324,21 +324,32 @@ def test_only_errors_wholly_on_failed_nodes_are_blamed_on_them():
 
 
 def _arriving(
-    monkeypatch, recording: dict, root: Path, arrive: str, leave: str | None = None, pid=HOG
+    monkeypatch,
+    recording: dict,
+    root: Path,
+    arrive: str,
+    leave: str | None = None,
+    pid=HOG,
+    own_rank_pid: int | None = os.getpid(),
 ) -> None:
-    """matmul, membw (per GPU) and train (the cluster) that measure healthy figures; `pid` starts on GPU 0
-    with 12 GiB during `arrive` and ends during `leave`. NVML's process lists are the recording's, /proc
-    is `root`'s."""
+    """matmul, membw (per GPU) and train (the cluster) that measure healthy figures; the rank (pid
+    `own_rank_pid`, None: NVML lists it under a pid of another namespace) holds a context on GPU 0 from
+    matmul on, and `pid` starts there with 12 GiB during `arrive` and ends during `leave`. NVML's process
+    lists are the recording's, /proc is `root`'s."""
     real_lists, real_watch = nvml.compute_processes, accept.ArrivalWatch
     monkeypatch.setattr(nvml, "compute_processes", lambda library=None: real_lists(ReplayNvml(recording)))
-    monkeypatch.setattr(accept, "ArrivalWatch", lambda node: real_watch(node, root))
+    monkeypatch.setattr(accept, "ArrivalWatch", lambda node, on_gpu: real_watch(node, on_gpu, root))
+    rank = [process(own_rank_pid or HOG + 100, GIB)]  # the rank's CUDA context, once it has one
 
     def bench(name: str, metric: str, value: float, scopes: tuple[str, ...]):
         def run(ctx, options):
+            listed = recording["devices"][0]["nvmlDeviceGetComputeRunningProcesses"]
+            listed = [p for p in listed if p["pid"] != own_rank_pid] + rank
             if name == arrive:
-                occupy(recording, 0, 13 * GIB, [process(pid, 12 * GIB)])
+                listed.append(process(pid, 12 * GIB))
             if name == leave:
-                occupy(recording, 0, 600 * 2**20, [])
+                listed = [p for p in listed if p["pid"] != pid]
+            occupy(recording, 0, sum(p["usedGpuMemory"] for p in listed) + 600 * 2**20, listed)
             return [Measurement(name=name, scope=scope, metrics={metric: value}) for scope in scopes]
 
         return run
@@ -488,3 +499,11 @@ def test_a_drift_check_of_a_figure_measured_beside_an_arrival_names_it():
         "4.2",
         "700",
     ]
+
+
+def test_where_nvml_lists_no_rank_under_its_pid_nothing_is_named_an_arrival(replayed, monkeypatch, root):
+    # A driver that lists host pids in a container: the rank's context shows as pid 4421, not ours, and
+    # a process that appears cannot be told from a rank: no arrival, rather than gpuval's own named as one.
+    result = _accept_three(monkeypatch, replayed, root, arrive="membw", own_rank_pid=None)
+    assert [c.status for c in result.checks if c.name == "processes.foreign"] == [Status.PASS] * 2
+    assert not any("measured beside" in c.detail for c in result.checks)

@@ -176,7 +176,7 @@ def run_accept(
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
     progress("health", "checking")
-    watch = ArrivalWatch(runtime.node_name) if "processes" in families(profile) else None
+    watch = ArrivalWatch(runtime.node_name, runtime.on_gpu) if "processes" in families(profile) else None
     nodes, health_checks = run_health_phase(runtime, profile, history=history, watch=watch)
     failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
     progress("health", "done")

@@ -9,7 +9,10 @@ started by one (a compile worker with a CUDA context of its own). Such a process
 FAIL on its GPU, as a process found by the health phase does (WARN where health.foreign_processes says
 so), naming the benchmarks it overlapped; every check measured beside it names it too.
 
-One read per benchmark cannot see a process that starts and ends within one benchmark.
+One read per benchmark cannot see a process that starts and ends within one benchmark. Where NVML lists
+processes by pids this container does not use (a driver that does not translate them into its PID
+namespace), none of gpuval's ranks is listed under its pid although they run on the GPUs: there no
+process can be told from a rank, and the watch stops rather than name gpuval's own ranks as arrivals.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ class Arrival:
 class ArrivalWatch:
     """One node's watch, kept by its first rank (on the others `begin` is never called: nothing is read)."""
 
-    def __init__(self, node: str, root: Path = Path("/"), library: Any = None) -> None:
-        self.node, self.root, self.library = node, root, library
+    def __init__(self, node: str, on_gpu: bool = True, root: Path = Path("/"), library: Any = None) -> None:
+        self.node, self.on_gpu, self.root, self.library = node, on_gpu, root, library
         self.seen: set[tuple[int, int]] | None = None  # (GPU, pid) the health phase saw; None: not watching
         self.own_pids: set[int] = set()
         self.arrivals: dict[tuple[int, int], Arrival] = {}
@@ -71,6 +74,10 @@ class ArrivalWatch:
         lists = nvml.compute_processes(self.library)
         if not available(lists):
             return  # NVML that stopped answering is the health checks' to judge, not a process
+        listed = {p.get("pid") for processes in lists if isinstance(processes, list) for p in processes}
+        if self.on_gpu and listed and not listed & self.own_pids:
+            self.seen = None  # ranks on the GPUs, none listed under its pid: pids not of this namespace
+            return
         present, read = set(), set()
         for index, processes in enumerate(lists):
             if not isinstance(processes, list):
