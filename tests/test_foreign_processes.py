@@ -318,3 +318,192 @@ def test_only_errors_wholly_on_failed_nodes_are_blamed_on_them():
     assert accept._blame_failed_nodes(outcome, {"n1": "processes.foreign on gpu:n1/0"}) == {"p2p"}
     assert outcome.not_run["p2p"][0] is Status.SKIP
     assert outcome.not_run["train"] == (Status.ERROR, "x")  # it also broke on n2, which passed health
+
+
+# --- accept: a program that arrives while the benchmarks run (issue 34) -------------------------------------
+
+
+def _arriving(
+    monkeypatch,
+    recording: dict,
+    root: Path,
+    arrive: str,
+    leave: str | None = None,
+    pid=HOG,
+    own_rank_pid: int | None = os.getpid(),
+) -> None:
+    """matmul, membw (per GPU) and train (the cluster) that measure healthy figures; the rank (pid
+    `own_rank_pid`, None: NVML lists it under a pid of another namespace) holds a context on GPU 0 from
+    matmul on, and `pid` starts there with 12 GiB during `arrive` and ends during `leave`. NVML's process
+    lists are the recording's, /proc is `root`'s."""
+    real_lists, real_watch = nvml.compute_processes, accept.ArrivalWatch
+    monkeypatch.setattr(nvml, "compute_processes", lambda library=None: real_lists(ReplayNvml(recording)))
+    monkeypatch.setattr(accept, "ArrivalWatch", lambda node, on_gpu: real_watch(node, on_gpu, root))
+    rank = [process(own_rank_pid or HOG + 100, GIB)]  # the rank's CUDA context, once it has one
+
+    def bench(name: str, metric: str, value: float, scopes: tuple[str, ...]):
+        def run(ctx, options):
+            listed = recording["devices"][0]["nvmlDeviceGetComputeRunningProcesses"]
+            listed = [p for p in listed if p["pid"] != own_rank_pid] + rank
+            if name == arrive:
+                listed.append(process(pid, 12 * GIB))
+            if name == leave:
+                listed = [p for p in listed if p["pid"] != pid]
+            occupy(recording, 0, sum(p["usedGpuMemory"] for p in listed) + 600 * 2**20, listed)
+            return [Measurement(name=name, scope=scope, metrics={metric: value}) for scope in scopes]
+
+        return run
+
+    gpus = (f"gpu:{NODE}/0", f"gpu:{NODE}/1")
+    runs = {
+        "matmul": bench("matmul", "bf16_tflops", 700.0, gpus),
+        "membw": bench("membw", "copy_tbps", 4.2, gpus),
+        "train": bench("train", "tokens_per_s_per_gpu", 17000.0, ("cluster",)),
+    }
+    real = all_benchmarks()
+    fakes = {
+        name: SimpleNamespace(run=run, produces=real[name].produces, outlier_metrics=())
+        for name, run in runs.items()
+    }
+    monkeypatch.setattr(suite, "all_benchmarks", lambda: fakes)
+    monkeypatch.setattr(accept, "all_benchmarks", lambda: fakes)
+
+
+def _accept_three(monkeypatch, recording: dict, root: Path, *sets: str, **arriving: Any):
+    """run_accept of matmul, membw and train, with a program arriving as `arriving` tells `_arriving`."""
+    checks = {
+        "matmul.bf16_tflops": Threshold(min=650),
+        "membw.copy_tbps": Threshold(min=4.0),
+        "train.tokens_per_s_per_gpu": Threshold(min=18000),  # FAILs, as in issue 34's run
+    }
+    run_profile = profile(*sets).model_copy(update={"checks": checks})
+    plan = plan_benchmarks(run_profile, quick=True, on_gpu=False)
+    assert list(plan) == ["matmul", "membw", "train"]
+    _arriving(monkeypatch, recording, root, **arriving)
+    return accept.run_accept(OneRank(), run_profile, plan, quick=True)
+
+
+def _details(result) -> dict[tuple[str, str], str]:
+    return {(c.name, c.scope): c.detail for c in result.checks}
+
+
+def test_a_process_arriving_mid_run_fails_naming_pid_and_the_benchmarks_it_overlapped(
+    replayed, monkeypatch, root
+):
+    result = _accept_three(monkeypatch, replayed, root, arrive="membw")
+
+    assert result.verdict is Status.FAIL
+    foreign_checks = [c for c in result.checks if c.name == "processes.foreign"]
+    assert [(c.scope, c.status) for c in foreign_checks] == [
+        ("gpu:n1/0", Status.FAIL),  # health's PASS for GPU 0, replaced: it said 'none' before the arrival
+        ("gpu:n1/1", Status.PASS),
+    ]
+    hog = foreign_checks[0]
+    assert (hog.value, hog.unit, hog.threshold) == (1, "processes", {"max": 0.0})
+    assert hog.detail.startswith(
+        "pid 4321 (python3, user root, 12.0 GiB) started during the benchmarks, beside membw, train on "
+        "GPU 0: those benchmarks' figures on it measure the sharing; keep jobs off the node while it is "
+        "tested (drain it in the scheduler) and rerun"
+    )
+    assert hog.detail.endswith("on a shared node set health.foreign_processes: warn")
+    details = _details(result)
+    beside = "measured beside pid 4321 (python3, user root, 12.0 GiB) on gpu:n1/0"
+    # every check measured beside it names it, FAIL or not; none measured before it or on the other GPU
+    assert details[("membw.copy_tbps", "gpu:n1/0")].endswith(f"; {beside}")
+    assert details[("train.tokens_per_s_per_gpu", "cluster")].endswith(f"; {beside}")
+    for key in [("matmul.bf16_tflops", "gpu:n1/0"), ("matmul.bf16_tflops", "gpu:n1/1")]:
+        assert "pid 4321" not in details[key]
+    assert "pid 4321" not in details[("membw.copy_tbps", "gpu:n1/1")]
+    statuses = {(c.name, c.scope): c.status for c in result.checks}
+    assert statuses[("membw.copy_tbps", "gpu:n1/0")] is Status.PASS
+    assert statuses[("train.tokens_per_s_per_gpu", "cluster")] is Status.FAIL
+    assert result.inventory["arrived_processes"] == [
+        {
+            "node": "n1",
+            "gpu": 0,
+            "pid": HOG,
+            "described": "pid 4321 (python3, user root, 12.0 GiB)",
+            "benchmarks": ["membw", "train"],
+        }
+    ]
+
+
+def test_a_process_that_ended_mid_run_overlapped_the_benchmark_it_ended_in(replayed, monkeypatch, root):
+    result = _accept_three(monkeypatch, replayed, root, arrive="matmul", leave="membw")
+    [hog] = [c for c in result.checks if c.name == "processes.foreign" and c.scope == "gpu:n1/0"]
+    assert hog.status is Status.FAIL
+    assert "pid 4321 (python3, user root, 12.0 GiB) started during the benchmarks, beside matmul, membw " in (
+        hog.detail
+    )
+    assert "pid 4321" in _details(result)[("membw.copy_tbps", "gpu:n1/0")]
+    assert "pid 4321" not in _details(result)[("train.tokens_per_s_per_gpu", "cluster")]
+
+
+def test_an_arrival_on_a_shared_node_warns_and_is_still_named(replayed, monkeypatch, root):
+    result = _accept_three(monkeypatch, replayed, root, "health.foreign_processes=warn", arrive="matmul")
+    [hog] = [c for c in result.checks if c.name == "processes.foreign" and c.scope == "gpu:n1/0"]
+    assert hog.status is Status.WARN
+    assert "health.foreign_processes: warn" not in hog.detail
+    assert _details(result)[("matmul.bf16_tflops", "gpu:n1/0")].endswith(
+        "; measured beside pid 4321 (python3, user root, 12.0 GiB) on gpu:n1/0"
+    )
+
+
+def test_an_unchanged_process_list_adds_nothing(replayed, monkeypatch, root):
+    # the program health WARNed (opt-out) stays all run: it is health's, not an arrival
+    occupy(replayed, 0, 13 * GIB, [process(HOG, 12 * GIB)])
+    result = _accept_three(monkeypatch, replayed, root, "health.foreign_processes=warn", arrive="none")
+    assert [c.status for c in result.checks if c.name == "processes.foreign"] == [Status.WARN, Status.PASS]
+    assert "arrived_processes" not in result.inventory
+    assert not any("measured beside" in c.detail for c in result.checks)
+
+
+@pytest.mark.parametrize("whose", ["rank", "child-of-rank"])
+def test_gpuvals_own_processes_never_arrive(replayed, monkeypatch, root, whose):
+    pid = os.getpid()  # the one fake rank's pid, as run_health_phase gathers it
+    if whose == "child-of-rank":  # a compile worker with its own CUDA context, started by the rank
+        pid = HOG + 7
+        proc = root / "proc" / str(pid)
+        proc.mkdir(parents=True)
+        (proc / "status").write_text(f"Name:\tcompile_worker\nPPid:\t{HOG + 8}\n")
+        (root / "proc" / str(HOG + 8)).mkdir()
+        (root / "proc" / str(HOG + 8) / "status").write_text(f"Name:\tsh\nPPid:\t{os.getpid()}\n")
+    result = _accept_three(monkeypatch, replayed, root, arrive="matmul", pid=pid)
+    assert [c.status for c in result.checks if c.name == "processes.foreign"] == [Status.PASS] * 2
+    assert not any("measured beside" in c.detail for c in result.checks)
+
+
+def test_with_processes_skipped_nothing_is_watched(replayed, monkeypatch, root):
+    result = _accept_three(monkeypatch, replayed, root, "health.skip=[processes]", arrive="matmul")
+    assert not any(c.name == "processes.foreign" for c in result.checks)
+    assert not any("measured beside" in c.detail for c in result.checks)
+
+
+def test_a_drift_check_of_a_figure_measured_beside_an_arrival_names_it():
+    from gpuval.health.arrivals import Arrival, annotate
+    from gpuval.results import Check
+
+    arrived = [Arrival("n1", 0, HOG, "pid 4321 (python3, 12.0 GiB)", ["matmul"])]
+    producers = {"matmul": "matmul", "membw": "membw"}
+    checks = [
+        Check(name="drift.matmul.bf16_tflops", status=Status.WARN, scope="gpu:n1/0", detail="9% worse"),
+        Check(name="outliers.matmul_pct", status=Status.PASS, scope="node:n1", detail=""),
+        Check(name="drift.matmul.bf16_tflops", status=Status.WARN, scope="gpu:n1/1", detail="9% worse"),
+        Check(name="membw.copy_tbps", status=Status.PASS, scope="gpu:n1/0", detail="4.2"),
+        Check(name="matmul.bf16_tflops", status=Status.PASS, scope="gpu:n2/0", detail="700"),
+    ]
+    assert [c.detail for c in annotate(checks, arrived, producers)] == [
+        "9% worse; measured beside pid 4321 (python3, 12.0 GiB) on gpu:n1/0",
+        "measured beside pid 4321 (python3, 12.0 GiB) on gpu:n1/0",
+        "9% worse",
+        "4.2",
+        "700",
+    ]
+
+
+def test_where_nvml_lists_no_rank_under_its_pid_nothing_is_named_an_arrival(replayed, monkeypatch, root):
+    # A driver that lists host pids in a container: the rank's context shows as pid 4421, not ours, and
+    # a process that appears cannot be told from a rank: no arrival, rather than gpuval's own named as one.
+    result = _accept_three(monkeypatch, replayed, root, arrive="membw", own_rank_pid=None)
+    assert [c.status for c in result.checks if c.name == "processes.foreign"] == [Status.PASS] * 2
+    assert not any("measured beside" in c.detail for c in result.checks)

@@ -32,7 +32,7 @@ from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
 
 # hypothesis caches what it learns under ./.hypothesis: keep the checkout clean (nothing left behind)
 set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "gpuval-hypothesis"))
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import gpuval.cli as cli  # noqa: E402
@@ -133,6 +133,7 @@ NASTY_SCALARS = [
     float("nan"), float("inf"), float("-inf"), "", " ", "[/]", "[bold]x[/bold]", "[red", "\\", "abc",
     "1GiB", "-1", ".inf", ".nan", "1e400", "9" * 50, "é", "\x00", "\t", "{", "]", "a: b", "*x", "&a",
     "ü" * 300, "${HOME}", "{output}", "../../etc/passwd",
+    "a\nb", "a\r\nb", "\x1b[31mred", "a\u2028b", "a\x85b", "\x0b\x0c",  # control characters, line breaks
 ]  # fmt: skip
 
 scalars = st.one_of(
@@ -277,6 +278,9 @@ set_values = st.one_of(
 
 @settings(FUZZ, max_examples=round(300 * SCALE))
 @given(key=st.sampled_from(SET_KEYS), value=set_values, command=st.sampled_from(["accept", "bench"]))
+@example(key="health.skip", value='["a\\nb"]', command="accept")  # YAML's escape: a newline in the name
+@example(key="health.skip", value='["x\x1b[2J\\r\u2028"]', command="accept")
+@example(key="checks.x", value="{min: 1}", command="accept")
 def test_fuzz_set_values(key, value, command, tmp_path, stub_work):
     tmp_path = case_dir(tmp_path)
     out = tmp_path / "out"
@@ -337,7 +341,12 @@ RAW_LINES = [
     '{"system": "a", "system": "b", "chat": "c"}',
     "null",
     '"just a string"',
-]
+    # JSON nested past Python's recursion limit inside a field that is JSON text of its own
+    json.dumps({"system": GOOD_RECORD["system"], "chat": "USER: hi\n\nASSISTANT: <functioncall> "
+                + "[" * 5000 + "]" * 5000 + " <|endoftext|>"}),
+    json.dumps({"system": GOOD_RECORD["system"] + " " + '{"a": ' * 5000 + "1" + "}" * 5000,
+                "chat": GOOD_RECORD["chat"]}),
+]  # fmt: skip
 
 
 @settings(FUZZ, max_examples=round(150 * SCALE))
@@ -536,6 +545,60 @@ def test_fuzz_checkpoint_folders(names, as_file, state, tmp_path):
         assert "\n" not in str(exc) and str(exc), exc
 
 
+# --- 7. paths longer than the OS allows (issue 34) ----------------------------------------------------------
+
+# Where a path the user gives goes: LONG stands for the too-long path, DIR for the case's folder.
+PATH_COMMANDS = [
+    ["accept", "--profile", "cpu", "--output", "LONG"],
+    ["accept", "--profile", "LONG", "--output", "DIR/out"],
+    ["accept", "--profile", "cpu", "--output", "DIR/out", "--history", "LONG"],
+    ["health", "--profile", "cpu", "--output", "LONG"],
+    ["bench", "membw", "--output", "LONG"],
+    ["finetune", "train", "--config", "LONG"],
+    ["finetune", "train", "--config", "DIR/ft-long-output.yaml"],  # the config's output: LONG
+    ["finetune", "prepare", "--input", "LONG", "--output", "DIR/prepared"],
+    ["finetune", "prepare", "--input", "DIR/in.jsonl", "--output", "LONG"],
+    ["report", "LONG"],
+    ["report", "DIR/good.json", "--output", "LONG"],
+    ["compare", "DIR/good.json", "LONG"],
+]
+
+
+@st.composite
+def long_paths(draw: Any) -> str:
+    """A path the OS refuses for its length (ENAMETOOLONG): one name of more than 255 bytes (multi-byte
+    characters count as several), or more than 4096 bytes of short names."""
+    kind = draw(st.sampled_from(["name", "name-multibyte", "path", "name-inside"]))
+    if kind == "name":
+        return "a" * draw(st.integers(256, 2000)) + draw(st.sampled_from(["", ".yaml", ".json", ".jsonl"]))
+    if kind == "name-multibyte":
+        return "ü" * draw(st.integers(128, 600))  # 2 bytes each: over 255 bytes, under 255 characters
+    if kind == "path":
+        return "/".join(["d" * 200] * draw(st.integers(21, 40)))
+    return "a" * draw(st.integers(256, 400)) + "/x.json"
+
+
+@settings(FUZZ, max_examples=round(120 * SCALE))
+@given(command=st.sampled_from(PATH_COMMANDS), long=long_paths(), relative=st.booleans())
+@example(command=PATH_COMMANDS[1], long="p" * 300 + ".yaml", relative=False)  # --profile FILE
+@example(command=PATH_COMMANDS[4], long="b" * 300 + "/x.json", relative=False)  # bench --output
+@example(command=PATH_COMMANDS[7], long="i" * 300 + ".jsonl", relative=False)  # dataset input
+@example(command=PATH_COMMANDS[8], long="o" * 300, relative=False)  # prepare --output
+def test_fuzz_paths_too_long(command, long, relative, tmp_path, stub_work):
+    tmp_path = case_dir(tmp_path)
+    path = long if relative else str(tmp_path / long)
+    (tmp_path / "ft-long-output.yaml").write_text(_dump_yaml(dict(BASE_CONFIG, output=path)))
+    (tmp_path / "in.jsonl").write_text(json.dumps(GOOD_RECORD) + "\n")
+    (tmp_path / "good.json").write_text(json.dumps(BASE_RESULT))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [path if part == "LONG" else part.replace("DIR", str(tmp_path)) for part in command]
+    result = invoke(args, tmp_path)
+    assert_clean(result, {2}, args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, f"{args}: something was written"
+    assert "shorter path" in result[2] or "too long" in result[2], result[2]
+    COUNTS["long-path"] = COUNTS.get("long-path", 0) + 1
+
+
 # --- child processes: as a user runs gpuval ----------------------------------------------------------------
 
 
@@ -705,3 +768,106 @@ def test_a_profile_of_nested_aliases_is_refused_before_it_expands(tmp_path, stub
         "name: plain\nchecks:\n  matmul.fp32_tflops: &floor {min: 0.001}\n  matmul.bf16_tflops: *floor\n"
     )
     assert invoke(["accept", "--profile", str(plain), "--output", str(tmp_path / "ok")], tmp_path)[0] == 0
+
+
+# --- nesting past Python's recursion limit, control characters in a value: each once, by name -------------
+
+DEEP = 100_000  # levels: far past the recursion limit of json's and PyYAML's parsers
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["call-arguments", "tool-schema", "dataset-line", "dataset-list", "result", "profile", "finetune-config"],
+)
+def test_nesting_past_the_recursion_limit_is_refused_naming_the_file(where, tmp_path, stub_work):
+    deep_list = "[" * DEEP + "]" * DEEP
+    records = {
+        "call-arguments": {"system": GOOD_RECORD["system"],
+                           "chat": f"USER: hi\n\nASSISTANT: <functioncall> {deep_list} <|endoftext|>"},
+        "tool-schema": {"system": GOOD_RECORD["system"] + " " + '{"a": ' * DEEP + "1" + "}" * DEEP,
+                        "chat": GOOD_RECORD["chat"]},
+    }  # fmt: skip
+    if where in records:
+        source = tmp_path / "in.jsonl"
+        source.write_text(json.dumps(records[where]) + "\n")
+        args = ["finetune", "prepare", "--input", str(source), "--output", str(tmp_path / "out")]
+        fragment = "line 1: nested too deeply for the parser"
+    elif where in ("dataset-line", "dataset-list"):
+        source = tmp_path / "in.jsonl"
+        source.write_text(deep_list + "\n" if where == "dataset-line" else "[" + deep_list + "]")
+        args = ["finetune", "prepare", "--input", str(source), "--output", str(tmp_path / "out")]
+        fragment = "nested"
+    elif where == "result":
+        source = tmp_path / "result.json"
+        source.write_text('{"schema": "gpuval.result/v1", "x": ' + deep_list + "}")
+        args = ["report", str(source), "--output", str(tmp_path / "out")]
+        fragment = "nested more than 64 levels deep"
+    else:
+        source = tmp_path / "in.yaml"
+        source.write_text("name: deep\nbenchmarks: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n")
+        args = (
+            ["accept", "--profile", str(source), "--output", str(tmp_path / "out")]
+            if where == "profile"
+            else ["finetune", "train", "--config", str(source)]
+        )
+        fragment = "nested more than 64 levels deep"
+    result = invoke(args, tmp_path)
+    assert_clean(result, {2}, where, tmp_path / "out")
+    assert str(source) in result[2] and fragment in result[2], result[2]
+
+
+@pytest.mark.parametrize(
+    ("profile_text", "fragment"),
+    [
+        ('name: x\nhealth: {skip: ["a\\nb"]}\n', "unknown health check 'a\\nb'"),
+        ('name: x\nhealth: {skip: ["\\e[2J\\r"]}\n', "unknown health check '\\x1b[2J\\r'"),
+        ('name: x\nhealth: {skip: ["a\\Lb"]}\n', "unknown health check 'a\\u2028b'"),  # YAML's \L: U+2028
+        ('name: x\n"x\\ny": 1\n', "unknown key 'x\\ny'"),
+        ('name: x\nchecks: {"a\\nb.c": {min: 1}}\n', "'a\\nb.c' must look like"),
+    ],
+)
+def test_control_characters_in_a_profile_are_echoed_escaped_on_one_line(
+    profile_text, fragment, tmp_path, stub_work
+):
+    profile = tmp_path / "p.yaml"
+    profile.write_text(profile_text)
+    result = invoke(["accept", "--profile", str(profile), "--output", str(tmp_path / "out")], tmp_path)
+    assert_clean(result, {2}, profile_text, tmp_path / "out")
+    assert fragment in result[2], result[2]
+
+
+def test_an_option_value_with_a_newline_is_echoed_escaped(tmp_path, stub_work):
+    for args, fragment in [
+        (["accept", "--profile", "cpu\nx"], "unknown profile 'cpu\\nx'"),
+        (["bench", "nosuch\nx"], "unknown benchmark 'nosuch\\nx'"),
+    ]:
+        result = invoke(args, tmp_path)
+        assert_clean(result, {2}, args, tmp_path / "gpuval-results")
+        assert fragment in result[2], result[2]
+
+
+@pytest.mark.parametrize(
+    ("raised", "fragment"),
+    [
+        (
+            OSError(36, "File name too long", "/x/" + "n" * 300),
+            "the name is longer than the file system allows",
+        ),
+        (RecursionError("maximum recursion depth exceeded"), "nested deeper than Python's parser can follow"),
+    ],
+)
+def test_the_net_under_every_gate_turns_a_long_name_or_deep_nesting_into_one_line(
+    raised, fragment, tmp_path, stub_work, monkeypatch
+):
+    """Should a check of a path or a parser without its own gate meet either, main() still says one line."""
+    import errno
+
+    assert errno.ENAMETOOLONG == 36
+
+    def fails(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(launch, "run_distributed", fails)
+    result = invoke(["accept", "--profile", "cpu", "--output", str(tmp_path / "out")], tmp_path)
+    assert_clean(result, {2}, raised)
+    assert fragment in result[2], result[2]

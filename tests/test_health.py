@@ -35,6 +35,44 @@ from gpuval.results import Status, json_schema, verdict
 DATA = Path(__file__).parent / "data"
 NODE = "n1"
 
+# torch's words when no CUDA driver library loads (c10/cuda): a CUDA build of torch on a machine without
+# the driver says this, as it does on a GPU node whose driver is gone.
+NO_DRIVER = (
+    "Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and installed a "
+    "driver from http://www.nvidia.com/Download/index.aspx"
+)
+
+
+@dataclass(frozen=True)
+class NoCudaHere:
+    """How gpuval says that CUDA cannot run in this test process."""
+
+    smoke: str  # smoke.matmul's SKIP
+    rank: str  # the reason in a CPU rank's refusal, "CUDA can use no GPU here (...)"
+
+
+def no_cuda_here() -> NoCudaHere:
+    """By the torch build that runs the tests: a CPU build (CI's) is built without CUDA; a CUDA build (the
+    device image's torch 2.11 on a machine with no GPU) finds no driver and says so in CUDA's words, as on a
+    GPU node whose driver is gone. A CUDA build beside a driver is a machine these tests do not describe
+    (CUDA could run): the test is skipped, saying so."""
+    import ctypes
+
+    import torch
+
+    if torch.version.cuda is None:
+        return NoCudaHere(
+            smoke=f"this torch ({torch.__version__}) is built without CUDA: see cuda.visible",
+            rank=f"torch {torch.__version__} is built without CUDA",
+        )
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return NoCudaHere(
+            smoke=f"CUDA cannot use the GPUs NVML lists ({NO_DRIVER}): see cuda.visible", rank=NO_DRIVER
+        )
+    pytest.skip(f"torch {torch.__version__} is a CUDA build and this machine has a CUDA driver (libcuda)")
+
 
 @pytest.fixture
 def h200():
@@ -166,7 +204,8 @@ def test_healthy_recording_passes(machine, empty_root, quiet_kmsg):
         "xid.kernel_log",
     }
     # What these recordings cannot show: H100/H200 remap rows instead of retiring pages, the machines
-    # have no InfiniBand, this test process has no CUDA, and the replay has no NVML event API.
+    # have no InfiniBand, this test process has no CUDA (a CPU build of torch, or a CUDA build with no
+    # driver), and the replay has no NVML event API.
     assert set(skipped) - {"nvlink.state", "nvlink.errors"} == {
         "ecc.retired_pages",
         "infiniband.state",
@@ -176,7 +215,7 @@ def test_healthy_recording_passes(machine, empty_root, quiet_kmsg):
     }
     assert "NotSupported" in skipped["ecc.retired_pages"] and "remaps rows" in skipped["ecc.retired_pages"]
     assert skipped["infiniband.state"] == "no InfiniBand port on this node"
-    assert "without CUDA" in skipped["smoke.matmul"] or "hides every GPU" in skipped["smoke.matmul"]
+    assert skipped["smoke.matmul"] == no_cuda_here().smoke
     if machine.nvlink is Status.SKIP:
         assert skipped["nvlink.state"] == "this GPU has no NVLink (or NVML reports none)"
     scopes = {c.scope for c in checks if c.name == "ecc.enabled"}
@@ -791,6 +830,20 @@ class TorchStandIn:
         return SimpleNamespace(uuid=self.uuids[index], pci_domain_id=0, pci_bus_id=6 + index, pci_device_id=0)
 
 
+@pytest.mark.parametrize(
+    ("build", "said"),
+    [
+        ("cpu", "this torch (2.13.0) is built without CUDA: see cuda.visible"),
+        ("cuda-no-driver", f"CUDA cannot use the GPUs NVML lists ({NO_DRIVER}): see cuda.visible"),
+    ],
+)
+def test_smoke_says_why_cuda_cannot_run_for_either_build_of_torch(build, said):
+    """Both builds whatever torch runs the tests: a CPU build is the checker's fault, a CUDA build that
+    finds no driver gives CUDA's own words, as on a broken GPU node."""
+    torch = TorchStandIn(cuda=None) if build == "cpu" else TorchStandIn(error=NO_DRIVER + "\nmore")
+    assert smoke.why_no_cuda(torch) == said
+
+
 def test_read_view_keeps_cudas_own_error_and_nvmls_uuid_spelling(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     broken = read_view(
@@ -1008,15 +1061,9 @@ def test_cli_on_a_node_whose_driver_is_not_loaded_fails_quickly_and_never_benchm
     proc = gpuval(["bench", "matmul", "--quick"], tmp_path, env=env, timeout=90)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"gpuval: bench matmul: CUDA can use no GPU here (torch {torch_version()} is built without CUDA) "
+        f"gpuval: bench matmul: CUDA can use no GPU here ({no_cuda_here().rank}) "
         "although 8 NVIDIA GPUs are on the PCI bus: a benchmark would measure the CPU; gpuval health says why"
     ]
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 @pytest.mark.slow

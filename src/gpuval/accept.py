@@ -6,6 +6,7 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +17,9 @@ from gpuval.bench.run import Outcome, run_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
 from gpuval.discover import node_inventory
+from gpuval.health.arrivals import ArrivalWatch, annotate, arrival_checks, arrivals_of, with_arrival_checks
+from gpuval.health.processes import level_of
+from gpuval.health.run import families
 from gpuval.remeasure import remeasure_noisy
 from gpuval.results import Check, Result, Status, node_of, verdict
 
@@ -107,11 +111,13 @@ def run_health_phase(
     profile: Profile,
     command: Literal["accept", "health"] = "accept",
     history: Path | None = None,
+    watch: ArrivalWatch | None = None,
 ) -> tuple[list[dict[str, Any]], list[Check]]:
     """Every node's inventory and health (on its first rank), the SDC fingerprints of every rank, and
     the checks across nodes. Returns (node inventories, checks) on rank 0; empty lists elsewhere.
     `command`: what runs them (health.foreign_processes 'auto' FAILs accept, WARNs health).
-    `history`: accept's history database; kernel-log XIDs before a node's last passing run don't count."""
+    `history`: accept's history database; kernel-log XIDs before a node's last passing run don't count.
+    `watch`: begun on each node's first rank with the processes health saw (and gpuval's own)."""
     from gpuval.health.cuda import read_view
     from gpuval.health.fleet import heterogeneity_checks, shared_fs_checks
     from gpuval.health.run import node_health
@@ -124,6 +130,8 @@ def run_health_phase(
     mine = None
     if runtime.local_rank == 0:
         nvml = snapshot()
+        if watch is not None:
+            watch.begin(nvml, own_pids)
         checks = node_health(
             profile,
             runtime.node_name,
@@ -169,7 +177,8 @@ def run_accept(
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
     progress("health", "checking")
-    nodes, health_checks = run_health_phase(runtime, profile, history=history)
+    watch = ArrivalWatch(runtime.node_name, runtime.on_gpu) if "processes" in families(profile) else None
+    nodes, health_checks = run_health_phase(runtime, profile, history=history, watch=watch)
     failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
     progress("health", "done")
     not_run: dict[str, tuple[Status, str]] = {}
@@ -199,13 +208,17 @@ def run_accept(
             )
             progress(name, "skipped: a node failed health")
         plan = {name: options for name, options in plan.items() if name not in crossing}
-    outcome = run_benchmarks(runtime, plan, quick, progress)
+    outcome = run_benchmarks(runtime, plan, quick, progress, watch.after if watch else lambda bench: None)
     outcome.not_run.update(not_run)
     world = runtime.world_info()
     gpus_per_node = max(1, world["size"] // max(1, world["nodes"]))  # by_gpus of what spans one node
     remeasure_noisy(runtime, profile, plan, quick, outcome, gpus_per_node, progress)
+    arrived = arrivals_of(runtime.all_gather_object(watch.report() if watch else None))
     if not runtime.is_main:
         return None
+    if arrived:  # a program that started on the GPUs mid-run: named, and beside every figure it touched
+        added = arrival_checks(arrived, level_of(profile.health.foreign_processes, "accept"))
+        health_checks = with_arrival_checks(health_checks, added)
     blamed = _blame_failed_nodes(outcome, failed)
 
     benchmarks = all_benchmarks()
@@ -218,7 +231,7 @@ def run_accept(
     for name, (status, reason) in outcome.not_run.items():
         if (status is Status.ERROR or name in blamed) and name not in covered:
             bench_checks.append(Check(name=f"{name}.run", status=status, detail=reason))
-    checks = health_checks + _excuse(bench_checks, failed)
+    checks = health_checks + annotate(_excuse(bench_checks, failed), arrived, producers)
     return Result(
         verdict=verdict(checks),
         started_at=started_at.isoformat(timespec="seconds"),
@@ -229,6 +242,7 @@ def run_accept(
             "nodes": nodes,
             "launcher": runtime.launcher,
             "benchmark_durations_s": {k: round(v, 3) for k, v in outcome.durations_s.items()},
+            **({"arrived_processes": [asdict(a) for a in arrived]} if arrived else {}),
         },
         measurements=measurements,
         checks=checks,
@@ -263,10 +277,14 @@ def write_error_reports(
 ) -> Exception:
     """An exception gpuval did not foresee, met while running accept: its traceback saved beside the
     reports, and result.json, junit.xml and report.html saying ERROR with its one line. Returns the
-    RunError to raise (exit 3). A result.json this run already wrote stays: it is the run's verdict."""
-    from gpuval.crash import unforeseen
+    RunError to raise (exit 3). A result.json this run already wrote stays: it is the run's verdict.
+    An exception that only bad input causes is that input's UsageError (exit 2), with nothing written."""
+    from gpuval.crash import as_error
+    from gpuval.errors import UsageError
 
-    error = unforeseen(exc, output_dir)
+    error = as_error(exc, output_dir)
+    if isinstance(error, UsageError):  # bad input (a path too long, say): refused, nothing written
+        return error
     if not (output_dir / "result.json").exists():
         with contextlib.suppress(Exception):  # the one line still says what happened
             write_reports(error_result(profile, str(error), started_at, world), output_dir)
@@ -282,6 +300,12 @@ def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
     drift = drift_checks(history, result, settings)
     if not drift:
         return result
+    arrived = arrivals_of([result.inventory.get("arrived_processes")])
+    if arrived:  # a figure measured beside a program that arrived mid-run says so in its drift check too
+        producers = {
+            produced: name for name, bench in all_benchmarks().items() for produced in bench.produces
+        }
+        drift = annotate(drift, arrived, producers)
     checks = result.checks + drift
     return result.model_copy(update={"checks": checks, "verdict": verdict(checks)})
 

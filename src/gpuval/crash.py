@@ -14,7 +14,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gpuval.errors import RunError, first_line
+from gpuval.errors import GpuvalError, RunError, first_line
 
 TRACEBACK_NAME = "gpuval-error.log"
 
@@ -60,3 +60,11 @@ def _likely_cause() -> str:
     if problem:
         return f"{problem}: install a supported torch"
     return f"a gpuval bug ({supported_torch()} is supported): please report it with that file"
+
+
+def as_error(exc: Exception, folder: Path | None = None) -> GpuvalError:
+    """What an exception escaping a command stands for: bad input where only the input can have caused it
+    (inputs.refused_input: exit 2, nothing kept), else an unforeseen ERROR (exit 3, traceback kept)."""
+    from gpuval.inputs import refused_input
+
+    return refused_input(exc) or unforeseen(exc, folder)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 EXIT_PASS = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -50,3 +52,16 @@ def first_line(exc: BaseException) -> str:
     """An exception's message as one line for a person: its first line, or its type when it has none."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+# Characters that end a line for str.splitlines() or a terminal, or that a terminal acts on: control
+# characters (\n, \r, \x1b, \x85, ...) and the Unicode line and paragraph separators.
+_UNPRINTABLE = ("Cc", "Zl", "Zp")
+
+
+def one_line(text: str) -> str:
+    """`text` with every control character written as Python writes it in a string literal (a newline
+    as \\n, ESC as \\x1b): a bad value echoed back keeps the message one line and shows what was there."""
+    if text.isprintable():
+        return text
+    return "".join(repr(char)[1:-1] if unicodedata.category(char) in _UNPRINTABLE else char for char in text)

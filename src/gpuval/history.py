@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import statistics
-from contextlib import closing
+from contextlib import closing, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,8 @@ def history_path_from(option: str | None) -> Path | None:
 def _connect(path: Path) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        with suppress(FileNotFoundError):  # sqlite says only "unable to open": the OS says why
+            path.stat()
         connection = sqlite3.connect(path, timeout=30)
     except (OSError, sqlite3.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

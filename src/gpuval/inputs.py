@@ -8,6 +8,7 @@ Every problem is one UsageError line: the file, the place in it, and what to do.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -265,6 +266,24 @@ def json_problem(value: Any, depth: int = 0) -> str | None:
 def load_json(path: str | os.PathLike[str], kind: str, max_bytes: int = MAX_BYTES) -> Any:
     """A JSON file through the gate."""
     return parse_json(read_input_text(path, kind, max_bytes), f"{kind} '{path}'")
+
+
+def refused_input(exc: BaseException) -> UsageError | None:
+    """The usage error that an exception escaping a command stands for, where it can only come from what
+    the user gave: a path longer than the OS allows (ENAMETOOLONG, from any check or open of it) or
+    nesting past Python's recursion limit (RecursionError, from a parser). None for anything else.
+
+    Every input has its own gate that says this naming the option or the line; this is the net under
+    them, so that neither ever reaches the user as a traceback (cli.main)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG:
+        name = exc.filename if exc.filename is not None else "a path"
+        shown = f"'{name}'" if isinstance(name, str) else repr(name)
+        return UsageError(f"{shown}: the name is longer than the file system allows; give a shorter path")
+    if isinstance(exc, RecursionError):
+        return UsageError(
+            "an input is nested deeper than Python's parser can follow (RecursionError); flatten it"
+        )
+    return None
 
 
 def is_regular_file(path: Path) -> bool:

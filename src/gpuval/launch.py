@@ -389,9 +389,9 @@ def run_distributed(
             print(f"gpuval: {exc}", file=sys.stderr, flush=True)
         code = exc.exit_code
     except Exception as exc:  # unforeseen: ERROR, said by the rank that met it (it may be the only one)
-        from gpuval.crash import unforeseen
+        from gpuval.crash import as_error
 
-        error = unforeseen(exc)
+        error = as_error(exc)
         print(f"gpuval: {error}", file=sys.stderr, flush=True)
         code = error.exit_code
     return report_exit(code)

@@ -369,17 +369,20 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.pcie_width_current = nvml("nvmlDeviceGetCurrPcieLinkWidth", handle)
     gpu.pcie_width_max = nvml("nvmlDeviceGetMaxPcieLinkWidth", handle)
     gpu.numa_node = nvml("nvmlDeviceGetNumaNodeId", handle)
-    processes = nvml("nvmlDeviceGetComputeRunningProcesses", handle)
-    gpu.compute_processes = (
-        [
-            {"pid": field_value(p, "pid"), "used_memory_bytes": field_value(p, "usedGpuMemory")}
-            for p in processes
-        ]
-        if available(processes)
-        else processes
-    )
+    gpu.compute_processes = _compute_processes(nvml, handle)
     gpu.nvlinks = _nvlinks(nvml, handle)
     return gpu
+
+
+def _compute_processes(nvml: Nvml, handle: Any) -> Any:
+    """[{"pid", "used_memory_bytes"}] of every compute process on the GPU, or Unavailable."""
+    processes = nvml("nvmlDeviceGetComputeRunningProcesses", handle)
+    if not available(processes):
+        return processes
+    return [
+        {"pid": field_value(p, "pid"), "used_memory_bytes": field_value(p, "usedGpuMemory")}
+        for p in processes
+    ]
 
 
 def _nvlinks(nvml: Nvml, handle: Any) -> list[NvLink]:
@@ -479,5 +482,21 @@ def snapshot(library: Any = None) -> NvmlSnapshot:
                 reachable.append((gpu, handle))
         _topology(nvml, [gpu for gpu, _ in reachable], [handle for _, handle in reachable])
         return result
+    finally:
+        nvml.shutdown()
+
+
+def compute_processes(library: Any = None) -> list[Any] | Unavailable:
+    """Every GPU's compute processes by index (a list as in GpuInfo.compute_processes, or Unavailable), or
+    Unavailable when NVML cannot count the GPUs: the one query accept repeats between benchmarks, a
+    call per GPU where a snapshot makes dozens."""
+    nvml = Nvml(library)
+    if nvml.error is not None:
+        return Unavailable(nvml.error)
+    try:
+        handles = nvml.handles()
+        if not available(handles):
+            return handles
+        return [_compute_processes(nvml, handle) if available(handle) else handle for handle in handles]
     finally:
         nvml.shutdown()

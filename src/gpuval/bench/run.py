@@ -95,7 +95,9 @@ def run_benchmarks(
     plan: dict[str, Any],
     quick: bool,
     progress: Callable[[str, str], None] = lambda bench, message: None,
+    after: Callable[[str], None] = lambda bench: None,
 ) -> Outcome:
+    """Every benchmark of `plan` in order; `after(name)` is called on every rank once one has run."""
     import time
 
     outcome = Outcome()
@@ -126,6 +128,7 @@ def run_benchmarks(
             print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
         gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status, runtime.node_name))
         outcome.durations_s[name] = time.perf_counter() - began
+        after(name)
         statuses = [s for _, s, _ in gathered if s is not None]
         errors = [reason for kind, reason in statuses if kind == "ERROR"]
         if errors:

@@ -16,7 +16,7 @@ import typer
 
 from gpuval.cli import accept, bench, discover, finetune, health, monitor, results
 from gpuval.cli.options import err_console
-from gpuval.errors import GpuvalError
+from gpuval.errors import GpuvalError, one_line
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -125,13 +125,13 @@ def main() -> None:
         exc.show()
         code = exc.exit_code
     except click.ClickException as exc:
-        _say(_click_line(exc))
+        _say(one_line(_click_line(exc)))
         code = exc.exit_code
     except typer.Abort:
         _say("gpuval: aborted")
         code = 1
     except GpuvalError as exc:
-        _say(f"gpuval: {exc}")
+        _say(f"gpuval: {one_line(str(exc))}")  # a bad value echoed back may hold a newline
         code = exc.exit_code
     except (Interrupted, KeyboardInterrupt) as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
@@ -142,11 +142,11 @@ def main() -> None:
             stop = Interrupted(signalled[0])
             _say(f"gpuval: {stop}")
             code = stop.exit_code
-        else:  # unforeseen: ERROR (exit 3), never exit 1, which means the hardware FAILed
-            from gpuval.crash import unforeseen
+        else:  # bad input only a path or a parser can meet (exit 2), else unforeseen: ERROR (exit 3),
+            from gpuval.crash import as_error  # never exit 1, which means the hardware FAILed
 
-            error = unforeseen(exc)
-            _say(f"gpuval: {error}")
+            error = as_error(exc)
+            _say(f"gpuval: {one_line(str(error))}")
             code = error.exit_code
     except SystemExit as exc:  # typer ends every command this way
         if exc.code is None or isinstance(exc.code, int):

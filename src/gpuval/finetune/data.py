@@ -210,6 +210,8 @@ def convert_all(
             if problem:
                 raise MalformedRecord(NOT_JSON, problem)
             kept.append(conversation)
+        except RecursionError:  # JSON nested inside a field (a call's arguments, a tool schema): too deep
+            skipped.setdefault(NOT_JSON, []).append(f"{item.where}: nested too deeply for the parser")
         except MalformedRecord as exc:
             detail = f"{item.where}: {exc.detail}" if exc.detail else item.where
             skipped.setdefault(exc.reason, []).append(detail)

@@ -203,7 +203,7 @@ def parse_tool_calls(text: str) -> ParsedCalls:
 def _parse_call(block: str) -> dict[str, Any] | None:
     try:
         value = json.loads(block)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # generated text nested past the parser's reach
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
@@ -211,7 +211,7 @@ def _parse_call(block: str) -> dict[str, Any] | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None

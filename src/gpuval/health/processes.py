@@ -29,6 +29,7 @@ GIB = 2**30
 # docs/foreign-processes.md.
 UNSEEN_MIN_BYTES = 2 * GIB
 UNSEEN_MIN_FRACTION = 0.05
+OPT_OUT = "; on a shared node set health.foreign_processes: warn"  # said where a foreign process FAILs
 
 
 def _comm(proc: Path) -> str | None:
@@ -53,7 +54,7 @@ def _user(proc: Path) -> str | None:
         return f"uid {uid}"
 
 
-def _describe(process: dict[str, Any], root: Path) -> str:
+def describe(process: dict[str, Any], root: Path) -> str:
     """'pid 4321 (python3, user alice, 40.0 GiB)': what is visible of it."""
     pid = process.get("pid")
     proc = root / "proc" / str(pid)
@@ -80,9 +81,12 @@ def unseen_bytes(gpu: GpuInfo, processes: list[dict[str, Any]]) -> int | None:
 
 def level(ctx: HealthContext) -> Status:
     """What a foreign process is here: health.foreign_processes, with 'auto' decided by the command."""
-    setting = ctx.profile.health.foreign_processes
+    return level_of(ctx.profile.health.foreign_processes, ctx.command)
+
+
+def level_of(setting: str, command: str) -> Status:
     if setting == "auto":
-        setting = "fail" if ctx.command == "accept" else "warn"
+        setting = "fail" if command == "accept" else "warn"
     return Status.FAIL if setting == "fail" else Status.WARN
 
 
@@ -103,10 +107,10 @@ def _foreign_check(
     gpu: GpuInfo, scope: str, foreign: list[dict[str, Any]], unseen: int | None, root: Path, status: Status
 ) -> Check:
     """The FAIL/WARN naming every foreign process on `gpu` (and the memory no process here accounts for)."""
-    causes = [", ".join(_describe(p, root) for p in foreign)] if foreign else []
+    causes = [", ".join(describe(p, root) for p in foreign)] if foreign else []
     if unseen is not None:
         causes.append(f"{unseen / GIB:.1f} GiB in use by processes this node cannot see")
-    opt_out = "; on a shared node set health.foreign_processes: warn" if status is Status.FAIL else ""
+    opt_out = OPT_OUT if status is Status.FAIL else ""
     if foreign:
         value, unit, bound = float(len(foreign)), "processes", 0.0
     else:

@@ -48,7 +48,8 @@ class HealthCheck:
 
 _REGISTRY: dict[str, HealthCheck] = {}
 _LOADED = False
-_NOT_CHECKS = {"registry", "run", "fleet"}  # no node family here (fleet: checks across nodes, run by accept)
+# no node family here (fleet: checks across nodes, run by accept; arrivals: accept's watch between benchmarks)
+_NOT_CHECKS = {"registry", "run", "fleet", "arrivals"}
 
 
 def register(check: HealthCheck) -> HealthCheck:
