@@ -15,8 +15,14 @@ from gpuval.bench.registry import all_benchmarks
 from gpuval.bench.run import Outcome, run_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
+from gpuval.deadline import phase
 from gpuval.discover import node_inventory
 from gpuval.results import Check, Result, Status, node_of, verdict
+
+# The health phase's expected seconds (its deadline adds gpuval.deadline's margin): no sizes to derive it
+# from, so a fixed allowance for NVML and kernel-log reads, the SDC fingerprints' multiplies and the checks
+# across nodes, generous next to the seconds it takes on a healthy node.
+HEALTH_S = 180.0
 
 
 def failed_nodes(checks: list[Check]) -> dict[str, str]:
@@ -168,8 +174,9 @@ def run_accept(
     started_at = datetime.now(timezone.utc)
     began = time.perf_counter()
     progress("health", "checking")
-    nodes, health_checks = run_health_phase(runtime, profile, history=history)
-    failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
+    with phase("health", HEALTH_S):
+        nodes, health_checks = run_health_phase(runtime, profile, history=history)
+        failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
     progress("health", "done")
     not_run: dict[str, tuple[Status, str]] = {}
     stranded = _stranded(runtime, profile)
@@ -236,6 +243,27 @@ def run_accept(
             "benchmarks": {name: options.model_dump(mode="json") for name, options in plan.items()},
         },
     )
+
+
+def write_error_result(
+    output_dir: Path, profile: Profile, runtime: Any, started_at: datetime, line: str
+) -> None:
+    """The reports of a run that a rank ended before its end (gpuval.deadline): verdict ERROR, one check
+    `run.ranks` saying why. Written on rank 0 by its watchdog while the main thread may still wait in a
+    collective; never a PASS left behind."""
+    result = Result(
+        verdict=Status.ERROR,
+        started_at=started_at.isoformat(timespec="seconds"),
+        duration_s=round((datetime.now(timezone.utc) - started_at).total_seconds(), 3),
+        profile=profile.name,
+        world=runtime.world_info(),
+        inventory={"launcher": runtime.launcher},
+        checks=[Check(name="run.ranks", status=Status.ERROR, detail=line)],
+        gpuval_version=__version__,
+        command=["gpuval", *sys.argv[1:]],
+        settings={"profile": profile.model_dump(mode="json")},
+    )
+    write_reports(result, output_dir)
 
 
 def with_drift(result: Result, history: Path | None, settings: Any) -> Result:

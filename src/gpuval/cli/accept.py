@@ -76,46 +76,50 @@ def accept(
             forget_earlier_run(output)
 
     def work() -> int:
-        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.accept import run_accept, with_drift, write_error_result, write_reports
+        from gpuval.deadline import watching
         from gpuval.quiet import route_third_party_output
         from gpuval.report.console import print_result
         from gpuval.runtime import init_runtime
 
-        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s, log_dir=output)
         route_third_party_output(output, runtime.rank)  # the train benchmark's libraries: to a file
-        try:
-            if runtime.is_main and not json_:
-                say(
-                    f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
-                    + (f"; soak: {soak.describe()}" if soak else ""),
-                    err=True,
-                )
-
-            def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
-                if not runtime.is_main:
-                    return run_accept(runtime, loaded, plan, quick, history=history_path)
-                with progress() as bar:
-                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
-                    return run_accept(
-                        runtime,
-                        loaded,
-                        plan,
-                        quick,
-                        lambda b, msg: bar.update(
-                            tasks[b], description=msg, completed=1 if msg == "done" else 0
-                        ),
-                        history=history_path,
+        started_at = datetime.now(timezone.utc)
+        # A rank that stops answering ends the run (gpuval.deadline): rank 0 then leaves an ERROR result.
+        with watching(runtime, lambda line: write_error_result(output, loaded, runtime, started_at, line)):
+            try:
+                if runtime.is_main and not json_:
+                    say(
+                        f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
+                        f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
+                        + (f"; soak: {soak.describe()}" if soak else ""),
+                        err=True,
                     )
 
-            if soak is None:
-                result = once()
-            else:
-                from gpuval.soak import run_soak
+                def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
+                    if not runtime.is_main:
+                        return run_accept(runtime, loaded, plan, quick, history=history_path)
+                    with progress() as bar:
+                        tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
+                        return run_accept(
+                            runtime,
+                            loaded,
+                            plan,
+                            quick,
+                            lambda b, msg: bar.update(
+                                tasks[b], description=msg, completed=1 if msg == "done" else 0
+                            ),
+                            history=history_path,
+                        )
 
-                result = run_soak(runtime, soak, once, output, loaded, lambda line: say(line, err=True))
-        finally:
-            runtime.shutdown()
+                if soak is None:
+                    result = once()
+                else:
+                    from gpuval.soak import run_soak
+
+                    result = run_soak(runtime, soak, once, output, loaded, lambda line: say(line, err=True))
+            finally:
+                runtime.shutdown()
         if result is None:
             return EXIT_PASS
         result = with_drift(result, history_path, loaded.history)
