@@ -107,7 +107,9 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)
         codes = _reported(exit_dir)
     except ChildFailedError as exc:
-        if watchdog.decided:  # a rank printed the run's one line (gpuval.deadline); the others were stopped
+        if watchdog.decided or (exit_dir / DECIDED).exists():
+            # a rank printed the run's one line (gpuval.deadline) and stopped the silent ranks itself, maybe
+            # before the watchdog looked: the agent saw them die, and that is no news to say again
             return EXIT_ERROR
         if watchdog.verdict:
             raise RunError(watchdog.verdict) from None
