@@ -19,6 +19,7 @@ from nvml_replay import ReplayNvml, load
 
 import gpuval.accept as accept
 import gpuval.bench.run as suite
+import gpuval.health.arrivals as arrivals
 import gpuval.health.run as health_run
 import gpuval.nvml as nvml
 from gpuval.bench.registry import all_benchmarks
@@ -244,7 +245,7 @@ def _benchmarks(monkeypatch) -> None:
 
     real = all_benchmarks()
     fakes = {
-        name: SimpleNamespace(run=run, produces=real[name].produces, outlier_metrics=())
+        name: SimpleNamespace(run=run, produces=real[name].produces, outlier_metrics=(), expected_s=None)
         for name, run in (("matmul", matmul), ("train", train))
     }
     monkeypatch.setattr(suite, "all_benchmarks", lambda: fakes)
@@ -336,8 +337,8 @@ def _arriving(
     `own_rank_pid`, None: NVML lists it under a pid of another namespace) holds a context on GPU 0 from
     matmul on, and `pid` starts there with 12 GiB during `arrive` and ends during `leave`. NVML's process
     lists are the recording's, /proc is `root`'s."""
-    real_lists, real_watch = nvml.compute_processes, accept.ArrivalWatch
-    monkeypatch.setattr(nvml, "compute_processes", lambda library=None: real_lists(ReplayNvml(recording)))
+    real_lists, real_watch = arrivals.compute_processes, accept.ArrivalWatch
+    monkeypatch.setattr(arrivals, "compute_processes", lambda library=None: real_lists(ReplayNvml(recording)))
     monkeypatch.setattr(accept, "ArrivalWatch", lambda node, on_gpu: real_watch(node, on_gpu, root))
     rank = [process(own_rank_pid or HOG + 100, GIB)]  # the rank's CUDA context, once it has one
 
@@ -362,7 +363,7 @@ def _arriving(
     }
     real = all_benchmarks()
     fakes = {
-        name: SimpleNamespace(run=run, produces=real[name].produces, outlier_metrics=())
+        name: SimpleNamespace(run=run, produces=real[name].produces, outlier_metrics=(), expected_s=None)
         for name, run in runs.items()
     }
     monkeypatch.setattr(suite, "all_benchmarks", lambda: fakes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,12 +27,14 @@ TINY_CPU = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG, /proc")
 
 
-def _profile(tmp_path: Path, timeout_s: float) -> Path:
+def _profile(tmp_path: Path, timeout_s: float | None = None) -> Path:
+    """A profile of one tiny collective; without `timeout_s`, the default collective timeout (no
+    runtime.timeout_s ends a hang early)."""
     profile = tmp_path / "tiny.yaml"
     profile.write_text(
         "name: tiny\n"
-        f"runtime: {{timeout_s: {timeout_s}}}\n"
-        "checks:\n"
+        + (f"runtime: {{timeout_s: {timeout_s}}}\n" if timeout_s is not None else "")
+        + "checks:\n"
         "  all_reduce.busbw_gbps: {min: 0.000001, bytes: 4KiB}\n"
         "benchmarks:\n"
         "  collectives: {min_bytes: 4KiB, max_bytes: 4KiB, warmup: 0, iters: 1, repeats: 1}\n"
@@ -110,38 +113,143 @@ def _no_pass_result(results: Path) -> None:
         assert json.loads(result.read_text()).get("verdict") != "PASS"
 
 
+def _gpuval_processes(marker: str) -> list[int]:
+    """Live processes whose environment holds MARKER (a path unique to the test): every rank, whoever
+    started it (gpuval's launcher, torchrun), and the launcher itself."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes() and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _one_gpuval_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("gpuval:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def _assert_ended_by_deadline(
+    proc: subprocess.Popen[str], tmp_path: Path, hang: str, within_s: float, began: float
+) -> str:
+    """The run ends with exit 3 within WITHIN_S of the hang, one `gpuval:` line naming rank 1, its phase and
+    its silence (or its overrun), no traceback, no process left; returns the line."""
+    _wait_for(tmp_path / "hung", proc, timeout=120)
+    hung_at = time.monotonic()
+    code, out, err = _finish(proc, timeout=within_s + 60)
+    took = time.monotonic() - hung_at
+    assert code == 3, out + err
+    assert took < within_s, f"{took:.1f} s from the hang to the end (started {hung_at - began:.0f} s in)"
+    assert "Traceback" not in out + err, out + err
+    line = _one_gpuval_line(err)
+    assert line.startswith("gpuval: rank 1 "), line
+    assert "in phase '" in line, line
+    if hang == "stop":
+        assert re.search(r"rank 1 \(stopped by a signal\) silent for \d+ s in phase '", line), line
+    else:  # the rank's heartbeat goes on: its phase overran its deadline, and the line says where it is
+        assert re.search(r"rank 1 still in phase '[^']+' \d+ s after it began", line), line
+        assert "at _hang (sitecustomize.py" in line, line
+    _assert_gone(_gpuval_processes(str(tmp_path / "hung")))
+    return line
+
+
 @pytest.mark.parametrize("hang", ["stop", "sleep"])
 @pytest.mark.dist
-def test_a_hung_rank_ends_a_self_launched_run_with_exit_3(tmp_path, hang):
-    """`kill -STOP` on a rank (or a rank blocked for ever): rank 0's collective times out, and the
-    launcher stops the hung rank a grace period later instead of waiting for ever."""
-    timeout_s = 4
+def test_a_hung_rank_ends_a_self_launched_accept_with_exit_3(tmp_path, hang):
+    """`kill -STOP` on a rank (or a rank blocked for ever), with the default collective timeout: the ranks'
+    watchdog ends the run — a stopped rank once silent for SILENT_S, a hung one at its phase's deadline
+    (the collectives phase's plan is a fraction of a second, so MARGIN_S) — and rank 0 leaves an ERROR
+    result naming it; the launcher stops the stopped rank."""
+    from gpuval.deadline import BEAT_S, MARGIN_S, SILENT_S
+
     results = tmp_path / "results"
     began = time.monotonic()
     proc = _start(
-        ["accept", "--profile", str(_profile(tmp_path, timeout_s)), "--output", str(results), "--nproc", "2"],
+        ["accept", "--profile", str(_profile(tmp_path)), "--output", str(results), "--nproc", "2"],
         tmp_path,
         hang,
     )
-    _wait_for(tmp_path / "hung", proc)
-    pids = _worker_pids(tmp_path)
-    code, out, err = _finish(proc)
-    took = time.monotonic() - began
-    assert code == 3, out + err
-    assert took < timeout_s + 30, f"{took:.1f} s"
-    assert "Traceback" not in out + err, out + err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("gpuval: rank 1 ("), last
-    assert "hung, stopped by gpuval" in last
-    if hang == "stop":
-        assert "stopped by a signal" in last, last
-    else:  # a live rank prints where it was (faulthandler) before it is stopped
-        assert "its Python stack is above" in last, last
-        assert "in _hang" in err, err
-    assert len(pids) == 2
-    _assert_gone(pids)
-    _no_pass_result(results)
+    within = (SILENT_S if hang == "stop" else MARGIN_S + 1) + 2 * BEAT_S + 10
+    line = _assert_ended_by_deadline(proc, tmp_path, hang, within, began)
+    assert "'collectives'" in line, line
+    result = json.loads((results / "result.json").read_text())
+    assert result["verdict"] == "ERROR"
+    assert [c["name"] for c in result["checks"]] == ["run.ranks"]
+    assert result["checks"][0]["detail"] == line.removeprefix("gpuval: ")
     assert not list((tmp_path / "tmp").glob("gpuval-exit-*"))
+
+
+@pytest.mark.dist
+def test_a_stopped_rank_ends_gpuval_bench_with_exit_3(tmp_path):
+    from gpuval.deadline import BEAT_S, SILENT_S
+
+    out = tmp_path / "bench.json"
+    sets = ["min_bytes=4KiB", "max_bytes=16KiB", "warmup=1", "iters=1", "repeats=1"]
+    began = time.monotonic()
+    proc = _start(
+        ["bench", "collectives", "--nproc", "2", *[f"--set={s}" for s in sets], "--output", str(out)],
+        tmp_path,
+        "stop",
+    )
+    line = _assert_ended_by_deadline(proc, tmp_path, "stop", SILENT_S + 2 * BEAT_S + 10, began)
+    assert "'collectives'" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.dist
+def test_a_stopped_rank_ends_a_two_rank_finetune_with_exit_3(tmp_path):
+    pytest.importorskip("peft")
+    from gpuval.deadline import BEAT_S, SILENT_S
+
+    config = _tiny_training(tmp_path)
+    began = time.monotonic()
+    proc = _start(["finetune", "train", "--config", str(config), "--nproc", "2"], tmp_path, "stop")
+    line = _assert_ended_by_deadline(proc, tmp_path, "stop", SILENT_S + 2 * BEAT_S + 10, began)
+    assert "'train " in line, line  # the model's set-up or a step
+    assert not (tmp_path / "run" / "adapter").exists()
+
+
+@pytest.mark.dist
+def test_a_stopped_rank_ends_accept_under_external_torchrun(tmp_path):
+    """Not gpuval's launcher: rank 0 prints the line and SIGKILLs the stopped rank of its host (torchrun
+    would wait for it), torchrun then reports rank 0's exit code 3."""
+    from gpuval.deadline import BEAT_S, SILENT_S
+
+    results = tmp_path / "results"
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HANGHOOK), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        GPUVAL_TEST_HANG="stop",
+        GPUVAL_TEST_HANG_RANK="1",
+        GPUVAL_TEST_HANG_MARK=str(tmp_path / "hung"),
+    )
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    command = [torchrun, "--standalone", "--nproc-per-node=2", "-m", "gpuval", "accept"]
+    began = time.monotonic()
+    proc = subprocess.Popen(
+        [*command, "--profile", str(_profile(tmp_path)), "--output", str(results)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(tmp_path / "hung", proc, timeout=120)
+    hung_at = time.monotonic()
+    code, out, err = _finish(proc, timeout=SILENT_S + 60)
+    took = time.monotonic() - hung_at
+    assert code != 0, out + err
+    assert re.search(r"exitcode\s*:\s*3\b", err), err  # torchrun's summary: rank 0 ended with 3
+    assert took < SILENT_S + 2 * BEAT_S + 10, f"{took:.1f} s (started {hung_at - began:.0f} s in)"
+    line = _one_gpuval_line(err)
+    assert re.match(r"gpuval: rank 1 \(stopped by a signal\) silent for \d+ s in phase 'collectives'", line)
+    assert json.loads((results / "result.json").read_text())["verdict"] == "ERROR"
+    _assert_gone(_gpuval_processes(str(tmp_path / "hung")))
 
 
 @pytest.mark.dist

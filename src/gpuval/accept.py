@@ -16,12 +16,18 @@ from gpuval.bench.registry import all_benchmarks
 from gpuval.bench.run import Outcome, run_benchmarks
 from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
 from gpuval.config import Profile
+from gpuval.deadline import phase
 from gpuval.discover import node_inventory
 from gpuval.health.arrivals import ArrivalWatch, annotate, arrival_checks, arrivals_of, with_arrival_checks
 from gpuval.health.processes import level_of
 from gpuval.health.run import families
 from gpuval.remeasure import remeasure_noisy
 from gpuval.results import Check, Result, Status, node_of, verdict
+
+# The health phase's expected seconds (its deadline adds gpuval.deadline's margin): no sizes to derive it
+# from, so a fixed allowance for NVML and kernel-log reads, the SDC fingerprints' multiplies and the checks
+# across nodes, generous next to the seconds it takes on a healthy node.
+HEALTH_S = 180.0
 
 
 def failed_nodes(checks: list[Check]) -> dict[str, str]:
@@ -178,8 +184,9 @@ def run_accept(
     began = time.perf_counter()
     progress("health", "checking")
     watch = ArrivalWatch(runtime.node_name, runtime.on_gpu) if "processes" in families(profile) else None
-    nodes, health_checks = run_health_phase(runtime, profile, history=history, watch=watch)
-    failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
+    with phase("health", HEALTH_S):
+        nodes, health_checks = run_health_phase(runtime, profile, history=history, watch=watch)
+        failed = runtime.all_gather_object(failed_nodes(health_checks) if runtime.is_main else None)[0]
     progress("health", "done")
     not_run: dict[str, tuple[Status, str]] = {}
     stranded = _stranded(runtime, profile)
@@ -256,20 +263,39 @@ def run_accept(
     )
 
 
-def error_result(profile: Profile, detail: str, started_at: datetime, world: dict[str, Any]) -> Result:
-    """The record of a run that could not finish: verdict ERROR, one `run.error` check saying why."""
-    checks = [Check(name="run.error", status=Status.ERROR, detail=detail)]
+def error_result(
+    profile: Profile,
+    detail: str,
+    started_at: datetime,
+    world: dict[str, Any],
+    check: str = "run.error",
+    inventory: dict[str, Any] | None = None,
+) -> Result:
+    """The record of a run that could not finish: verdict ERROR, one check (`check`) saying why."""
+    checks = [Check(name=check, status=Status.ERROR, detail=detail)]
     return Result(
         verdict=verdict(checks),
         started_at=started_at.isoformat(timespec="seconds"),
         duration_s=round((datetime.now(timezone.utc) - started_at).total_seconds(), 3),
         profile=profile.name,
         world=world,
+        inventory=inventory or {},
         checks=checks,
         gpuval_version=__version__,
         command=["gpuval", *sys.argv[1:]],
         settings={"profile": profile.model_dump(mode="json")},
     )
+
+
+def write_error_result(
+    output_dir: Path, profile: Profile, runtime: Any, started_at: datetime, line: str
+) -> None:
+    """The reports of a run that a rank ended before its end (gpuval.deadline): verdict ERROR, one check
+    `run.ranks` saying why. Written on rank 0 by its watchdog while the main thread may still wait in a
+    collective; never a PASS left behind."""
+    inventory = {"launcher": runtime.launcher}
+    result = error_result(profile, line, started_at, runtime.world_info(), "run.ranks", inventory)
+    write_reports(result, output_dir)
 
 
 def write_error_reports(

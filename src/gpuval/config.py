@@ -175,7 +175,12 @@ class HistorySettings(_Strict):
 
 
 class RuntimeSettings(_Strict):
-    timeout_s: float = Field(300.0, gt=0, description="timeout of every collective")
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="timeout of a collective outside any phase; inside one, the phase's deadline sets it "
+        "(docs/deadlines.md)",
+    )
 
 
 class Profile(_Strict):

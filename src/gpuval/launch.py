@@ -17,6 +17,7 @@ SIGINT/SIGTERM to the launcher stop every worker and end the run as `Interrupted
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ from gpuval.errors import EXIT_ERROR, GpuvalError, Interrupted, RunError, UsageE
 EXIT_DIR_VARIABLE = "GPUVAL_EXIT_DIR"
 LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
 PID_PREFIX = "pid-"
+DECIDED = "decided"  # written by the rank that ended the run on a deadline (gpuval.deadline): named ranks
 # Once a rank has ended, how long the others may take to end too before the launcher stops them: the
 # group's collective timeout (the time a rank may wait for its peers), at most this many seconds.
 MAX_GRACE_S = 20.0
@@ -105,6 +107,10 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)
         codes = _reported(exit_dir)
     except ChildFailedError as exc:
+        if watchdog.decided or (exit_dir / DECIDED).exists():
+            # a rank printed the run's one line (gpuval.deadline) and stopped the silent ranks itself, maybe
+            # before the watchdog looked: the agent saw them die, and that is no news to say again
+            return EXIT_ERROR
         if watchdog.verdict:
             raise RunError(watchdog.verdict) from None
         if watchdog.lingered and _reported(exit_dir).keys() >= set(range(nproc)):
@@ -178,6 +184,7 @@ class _Watchdog(threading.Thread):
         self.solo_s = max(solo_s if solo_s is not None else grace_s, grace_s)
         self.verdict = ""  # set when it stopped ranks that had not reported: the run's one-line error
         self.lingered: list[int] = []  # ranks it stopped after they had reported their exit code
+        self.decided = False  # the ranks ended the run on a deadline and said so (gpuval.deadline)
         self._done = threading.Event()
 
     def stop(self) -> None:
@@ -188,6 +195,8 @@ class _Watchdog(threading.Thread):
     def run(self) -> None:
         first: tuple[float, int, int] | None = None  # (monotonic time, rank, code) of the first report
         while not self._done.wait(0.2):
+            if self._stop_decided():
+                return
             codes = _reported(self.exit_dir)
             if not codes:
                 continue
@@ -232,6 +241,37 @@ class _Watchdog(threading.Thread):
                 _signal_group(pids[r], signal.SIGKILL)
             return
 
+    def _stop_decided(self) -> bool:
+        """A rank decided the run is over (a rank silent or past its phase's deadline) and printed the line:
+        the named ranks that have not reported go now (SIGKILL, the one signal a stopped process obeys),
+        the others a grace period later if they still have not ended."""
+        try:
+            named = json.loads((self.exit_dir / DECIDED).read_text())
+        except (OSError, ValueError):
+            return False
+        self.decided = True
+        pids = _worker_pids(self.exit_dir)
+        for r in named:
+            if r in pids and r not in _reported(self.exit_dir) and _alive_child(pids[r]):
+                _signal_group(pids[r], signal.SIGKILL)
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and not self._done.wait(0.2):
+            if all(not _alive_child(pid) for r, pid in pids.items() if r not in _reported(self.exit_dir)):
+                return True
+        _kill_workers(self.exit_dir, signal.SIGKILL)
+        return True
+
+
+def mark_decided(ranks: list[int]) -> None:
+    """In a worker started by launch_local: the run ends on a deadline, this rank said so in one line, and
+    `ranks` are the ones named (the launcher stops them at once and adds no line of its own)."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if exit_dir:
+        with contextlib.suppress(OSError):
+            path = Path(exit_dir) / DECIDED
+            path.with_suffix(".tmp").write_text(json.dumps(sorted(ranks)))
+            path.with_suffix(".tmp").replace(path)
+
 
 def _reported(exit_dir: Path) -> dict[int, int]:
     codes = {}
@@ -271,6 +311,11 @@ def _alive_child(pid: int) -> bool:
 def _state(pid: int) -> str:
     fields = _stat(pid)
     return fields[0] if fields else ""
+
+
+def describe_state(pid: int) -> str:
+    """What /proc says process PID is doing, in words ('stopped by a signal'); '' where it does not say."""
+    return _STATES.get(_state(pid), "")
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

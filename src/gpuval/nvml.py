@@ -369,12 +369,12 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.pcie_width_current = nvml("nvmlDeviceGetCurrPcieLinkWidth", handle)
     gpu.pcie_width_max = nvml("nvmlDeviceGetMaxPcieLinkWidth", handle)
     gpu.numa_node = nvml("nvmlDeviceGetNumaNodeId", handle)
-    gpu.compute_processes = _compute_processes(nvml, handle)
+    gpu.compute_processes = compute_processes_of(nvml, handle)
     gpu.nvlinks = _nvlinks(nvml, handle)
     return gpu
 
 
-def _compute_processes(nvml: Nvml, handle: Any) -> Any:
+def compute_processes_of(nvml: Nvml, handle: Any) -> Any:
     """[{"pid", "used_memory_bytes"}] of every compute process on the GPU, or Unavailable."""
     processes = nvml("nvmlDeviceGetComputeRunningProcesses", handle)
     if not available(processes):
@@ -482,21 +482,5 @@ def snapshot(library: Any = None) -> NvmlSnapshot:
                 reachable.append((gpu, handle))
         _topology(nvml, [gpu for gpu, _ in reachable], [handle for _, handle in reachable])
         return result
-    finally:
-        nvml.shutdown()
-
-
-def compute_processes(library: Any = None) -> list[Any] | Unavailable:
-    """Every GPU's compute processes by index (a list as in GpuInfo.compute_processes, or Unavailable), or
-    Unavailable when NVML cannot count the GPUs: the one query accept repeats between benchmarks, a
-    call per GPU where a snapshot makes dozens."""
-    nvml = Nvml(library)
-    if nvml.error is not None:
-        return Unavailable(nvml.error)
-    try:
-        handles = nvml.handles()
-        if not available(handles):
-            return handles
-        return [_compute_processes(nvml, handle) if available(handle) else handle for handle in handles]
     finally:
         nvml.shutdown()

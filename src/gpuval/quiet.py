@@ -9,6 +9,7 @@ a warning one rank alone raises is kept, and no two processes append to one file
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -18,6 +19,31 @@ _LOGGERS = ("py.warnings", "transformers", "huggingface_hub", "peft", "accelerat
 
 def log_path(folder: Path, rank: int) -> Path:
     return folder / (LOG_NAME if rank == 0 else f"third_party.rank{rank}.log")
+
+
+def nccl_log_paths(folder: Path, rank: int) -> dict[str, str]:
+    """Where NCCL and PyTorch's NCCL watchdog write, beside the rank's third-party log: NCCL's debug output
+    (NCCL_DEBUG_FILE; NCCL opens it for writing, so it gets a file of its own instead of sharing one with
+    Python's logging) and the flight recorder's dump on a timeout (TORCH_FR_DUMP_TEMP_FILE, called
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE before; torch adds the rank to the name). docs/deadlines.md."""
+    stem = log_path(folder, rank).stem  # third_party / third_party.rank<N>
+    trace = str(folder / "nccl_trace_rank_")
+    return {
+        "NCCL_DEBUG_FILE": str(folder / f"{stem}.nccl.log"),
+        "TORCH_FR_DUMP_TEMP_FILE": trace,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": trace,
+    }
+
+
+def route_nccl_output(folder: str | Path, rank: int) -> None:
+    """Set nccl_log_paths' variables where the user has set none (before the process group starts)."""
+    paths = nccl_log_paths(Path(folder), rank)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    if "NCCL_DEBUG_FILE" not in os.environ:
+        os.environ["NCCL_DEBUG_FILE"] = paths["NCCL_DEBUG_FILE"]
+    if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+        os.environ["TORCH_FR_DUMP_TEMP_FILE"] = paths["TORCH_FR_DUMP_TEMP_FILE"]
+        os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = paths["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"]
 
 
 def route_third_party_output(folder: str | Path, rank: int = 0) -> Path:

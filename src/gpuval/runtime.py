@@ -255,8 +255,13 @@ def gpu_index(local_rank: int, visible: int) -> int:
     )
 
 
-def init_runtime(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None) -> Runtime:
-    """Join the process group the launcher prepared (or a group of one), bound to this rank's GPU."""
+def init_runtime(
+    timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None, log_dir: str | os.PathLike | None = None
+) -> Runtime:
+    """Join the process group the launcher prepared (or a group of one), bound to this rank's GPU.
+
+    `log_dir`: the run's output folder; NCCL's debug output and PyTorch's flight-recorder dumps go there
+    (quiet.route_nccl_output), never to the console, unless the user pointed them elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -269,6 +274,10 @@ def init_runtime(timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = Non
         device = torch.device("cuda", gpu_index(layout["local_rank"], torch.cuda.device_count()))
         torch.cuda.set_device(device)
         backend = backend or "nccl"
+        if log_dir is not None:
+            from gpuval.quiet import route_nccl_output
+
+            route_nccl_output(log_dir, layout["rank"])
     else:
         device = torch.device("cpu")
         backend = backend or "gloo"

@@ -119,6 +119,15 @@ class TimedOptions(BaseModel):
 CPU_TIMING: dict[str, Any] = {"warmup": 1, "warmup_s": 0.0, "min_time_s": 0.0, "window_s": 0.005}
 
 
+def expected_timed_s(options: TimedOptions, call_s: float) -> float:
+    """The seconds measure_with takes for calls of `call_s` each (a pessimistic guess, for a phase's
+    deadline): warm-up calls and seconds, a call to size the windows, and `repeats` windows of at least
+    one call and `window_s` each, for `min_time_s` at least."""
+    window_s = max(options.window_s, call_s)
+    timed_s = max(options.min_time_s, options.repeats * window_s)
+    return (options.warmup + 2) * call_s + options.warmup_s + timed_s
+
+
 def measure_with(fn: Callable[[], Any], device: Any, options: TimedOptions) -> Windows:
     """Windows of back-to-back calls of `fn` after the options' warm-up: the rate a user's job sees."""
     _warm_up(fn, device, options.warmup, options.warmup_s)

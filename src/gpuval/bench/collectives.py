@@ -261,6 +261,25 @@ def sweep_sizes(options: CollectiveOptions) -> list[int]:
     return sorted(sizes)
 
 
+# Pessimistic rates for the phase's deadline (gpuval.deadline), keyed by "on a GPU": seconds per call (launch,
+# rendezvous, the check's copies) and bytes S per second of one collective (NCCL: 5 GB/s, TCP sockets at
+# 40 Gb/s, far below any NVLink or InfiniBand floor; gloo: 50 MB/s, a loaded CPU).
+_PESSIMISTIC = {True: (0.005, 5e9), False: (0.02, 5e7)}
+
+
+def expected_s(options: CollectiveOptions, runtime: Any) -> float:
+    """Seconds the sweep takes at the pessimistic rates: every op at every size, warm-up, timed blocks and
+    the check's call; scope 'pairs' as about one round per node."""
+    call_s, rate = _PESSIMISTIC[bool(runtime.on_gpu)]
+    calls = options.warmup + options.iters * options.repeats + 1
+    sweep_s = len(options.ops) * calls * sum(call_s + size / rate for size in sweep_sizes(options))
+    pairs_s = max(runtime.num_nodes, 1) * len(options.pair_ops) * calls * (call_s + options.pair_bytes / rate)
+    if options.scope == "pairs":
+        return pairs_s
+    also_pairs = options.also_pairs and options.scope == "world" and runtime.num_nodes >= 3  # as run below
+    return sweep_s + (pairs_s if also_pairs else 0.0)
+
+
 def _group_for(ctx: Context, scope: str):
     dist = _dist()
     runtime = ctx.runtime
@@ -466,6 +485,7 @@ register(
         options=CollectiveOptions,
         defaults=_defaults,
         run=run_collectives,
+        expected_s=expected_s,
         metrics=tuple(
             MeasurementDecl(
                 op, _METRICS, identity=("bytes", "dtype"), hint=_HINT, view="size_sweep", by_gpu_count=True

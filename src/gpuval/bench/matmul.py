@@ -15,7 +15,7 @@ from pydantic import Field
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
-from gpuval.timing import CPU_TIMING, TimedOptions, measure_with
+from gpuval.timing import CPU_TIMING, TimedOptions, expected_timed_s, measure_with
 
 Dtype = Literal["bf16", "fp16", "fp8", "tf32", "fp32"]  # the order they are shown in
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -59,6 +59,21 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         "repeats": 3,
         **CPU_TIMING,
     }
+
+
+# Pessimistic multiply rates for the phase's deadline (gpuval.deadline), keyed by "on a GPU": 10 TFLOP/s
+# (below an H100's fp32 without tensor cores), 1 GFLOP/s (one loaded CPU core).
+_PESSIMISTIC_FLOPS = {True: 1e13, False: 1e9}
+
+
+def expected_s(options: MatmulOptions, runtime: Any) -> float:
+    """Seconds the sweep takes at the pessimistic rate: every shape of every dtype, timed as measure_with."""
+    rate = _PESSIMISTIC_FLOPS[bool(runtime.on_gpu)]
+    total = 0.0
+    for dtype in options.dtypes:
+        shapes = options.slow_shapes if dtype in ("tf32", "fp32") else options.shapes
+        total += sum(expected_timed_s(options, 2.0 * m * n * k / rate) for m, n, k in shapes)
+    return total
 
 
 def tflops(m: int, n: int, k: int, seconds: float) -> float:
@@ -183,6 +198,7 @@ register(
         options=MatmulOptions,
         defaults=_defaults,
         run=run_matmul,
+        expected_s=expected_s,
         metrics=(
             MeasurementDecl(
                 "matmul",

@@ -15,7 +15,7 @@ from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.config import ByteSize
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
-from gpuval.timing import CPU_TIMING, TimedOptions, Windows, measure_with
+from gpuval.timing import CPU_TIMING, TimedOptions, Windows, expected_timed_s, measure_with
 
 
 class MembwOptions(TimedOptions):
@@ -41,6 +41,24 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         "repeats": 5,
         **CPU_TIMING,
     }
+
+
+# Pessimistic rates for the phase's deadline (gpuval.deadline), keyed by "on a GPU": device memory (a tenth
+# of an A100's), pinned host copies (a PCIe gen3 x4 link); CPU memory of a loaded machine.
+_PESSIMISTIC_DEVICE_BYTES_PER_S = {True: 2e11, False: 2e8}
+_PESSIMISTIC_HOST_BYTES_PER_S = 1e9
+
+
+def expected_s(options: MembwOptions, runtime: Any) -> float:
+    """Seconds at the pessimistic rates: copy, read and write on the device; on a GPU the two host copies,
+    one GPU of a node at a time (each rank waits for the node's others)."""
+    on_gpu = bool(runtime.on_gpu)
+    device_call_s = 2 * options.device_bytes / _PESSIMISTIC_DEVICE_BYTES_PER_S[on_gpu]
+    total = 3 * expected_timed_s(options, device_call_s)
+    if on_gpu:
+        turns = 1 if options.host_all_at_once else max(runtime.local_world_size, 1)
+        total += turns * 2 * expected_timed_s(options, options.host_bytes / _PESSIMISTIC_HOST_BYTES_PER_S)
+    return total
 
 
 def _rates(windows: Windows, bytes_counted: int, scale: float) -> tuple[float, float, float]:
@@ -132,6 +150,7 @@ register(
         options=MembwOptions,
         defaults=_defaults,
         run=run_membw,
+        expected_s=expected_s,
         metrics=(
             MeasurementDecl(
                 "membw",

@@ -14,7 +14,7 @@ from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
-from gpuval.timing import TimedOptions, measure_with
+from gpuval.timing import TimedOptions, expected_timed_s, measure_with
 
 
 class P2POptions(TimedOptions):
@@ -23,6 +23,15 @@ class P2POptions(TimedOptions):
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
     return {"bytes": 2**28 if quick else 2**30, "warmup_s": 0.05, "min_time_s": 0.05 if quick else 0.1}
+
+
+_PESSIMISTIC_BYTES_PER_S = 1e9  # one GPU-to-GPU copy through the host at its slowest: the phase's deadline
+
+
+def expected_s(options: P2POptions, runtime: Any) -> float:
+    """Seconds at the pessimistic rate: every ordered pair of the node's GPUs, timed as measure_with."""
+    gpus = max(runtime.local_world_size, 1) if runtime.on_gpu else 0
+    return gpus * (gpus - 1) * expected_timed_s(options, options.bytes / _PESSIMISTIC_BYTES_PER_S)
 
 
 def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
@@ -86,6 +95,7 @@ register(
         options=P2POptions,
         defaults=_defaults,
         run=run_p2p,
+        expected_s=expected_s,
         metrics=(
             MeasurementDecl(
                 "p2p",

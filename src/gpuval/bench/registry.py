@@ -57,6 +57,9 @@ class Benchmark:
     plan: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
     # runs across nodes: not run when a node failed health (its numbers would go through that node)
     crosses_nodes: bool = False
+    # (options, runtime) -> the seconds its plan takes at a pessimistic rate: its phase's deadline
+    # (gpuval.deadline); None: bench/run.py's UNPLANNED_S
+    expected_s: Callable[[Any, Any], float] | None = None
 
     @property
     def produces(self) -> tuple[str, ...]:

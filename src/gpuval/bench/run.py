@@ -15,8 +15,11 @@ from typing import Any
 
 from gpuval.bench.registry import BenchmarkSkipped, Context, all_benchmarks
 from gpuval.config import Profile, validate_model
+from gpuval.deadline import phase
 from gpuval.errors import UsageError
 from gpuval.results import Measurement, Status
+
+UNPLANNED_S = 600.0  # expected seconds of a benchmark that declares no plan of its own (registry.expected_s)
 
 
 @dataclass
@@ -90,6 +93,18 @@ def bench_options(name: str, assignments: dict[str, Any], quick: bool, on_gpu: b
     return validate_model(bench.options, {**bench.defaults(quick, on_gpu), **assignments}, f"bench {name}")
 
 
+def expected_benchmark_s(name: str, options: Any, runtime: Any) -> float:
+    """The seconds benchmark NAME's plan takes at its pessimistic rates (its phase's deadline adds the
+    margin, gpuval.deadline); UNPLANNED_S where it declares none or its estimate fails."""
+    estimate = all_benchmarks()[name].expected_s
+    if estimate is None:
+        return UNPLANNED_S
+    try:
+        return float(estimate(options, runtime))
+    except Exception:  # an estimate is never a reason to fail a run
+        return UNPLANNED_S
+
+
 def run_benchmarks(
     runtime: Any,
     plan: dict[str, Any],
@@ -113,20 +128,21 @@ def run_benchmarks(
         began = time.perf_counter()
         status: tuple[str, str] | None = None
         mine: list[Measurement] = []
-        try:
-            mine = benchmarks[name].run(ctx, options)
-        except BenchmarkSkipped as exc:
-            status = ("SKIP", str(exc))
-        except Exception as exc:  # a crash inside a benchmark is an ERROR of the run, never a pass
-            status = (
-                "ERROR",
-                f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-            )
-            # Said at once, by the rank it happened on: if the other ranks are still inside this
-            # benchmark's collectives, the next exchange breaks and this line is what explains it.
-            print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
-        gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status, runtime.node_name))
+        with phase(name, expected_benchmark_s(name, options, runtime)):
+            try:
+                mine = benchmarks[name].run(ctx, options)
+            except BenchmarkSkipped as exc:
+                status = ("SKIP", str(exc))
+            except Exception as exc:  # a crash inside a benchmark is an ERROR of the run, never a pass
+                status = (
+                    "ERROR",
+                    f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                )
+                # Said at once, by the rank it happened on: if the other ranks are still inside this
+                # benchmark's collectives, the next exchange breaks and this line is what explains it.
+                print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
+            gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status, runtime.node_name))
         outcome.durations_s[name] = time.perf_counter() - began
         after(name)
         statuses = [s for _, s, _ in gathered if s is not None]

@@ -39,6 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval.bench.registry import Benchmark, Context, register
+from gpuval.deadline import FIRST_STEP_S
 from gpuval.errors import RunError
 from gpuval.finetune.config import Precision
 from gpuval.metrics import MeasurementDecl, Metric
@@ -322,6 +323,9 @@ register(
         options=TrainBenchOptions,
         defaults=_defaults,
         run=run_train,
+        # data made, then the trainer's own phases (one per step, gpuval.deadline); this one's clock starts
+        # again after each of them
+        expected_s=lambda options, runtime: FIRST_STEP_S,
         metrics=(
             MeasurementDecl(
                 "train",

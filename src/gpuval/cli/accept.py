@@ -75,14 +75,14 @@ def accept(
         if soak is not None:  # a result.json found after an interrupt (below) is then this soak's
             forget_earlier_run(output)
 
-    started = datetime.now(timezone.utc)
+    started_at = datetime.now(timezone.utc)
 
     def work() -> int:
         from gpuval.accept import write_error_reports
         from gpuval.quiet import route_third_party_output
         from gpuval.runtime import init_runtime
 
-        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s)
+        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s, log_dir=output)
         route_third_party_output(output, runtime.rank)  # the train benchmark's libraries: to a file
         try:
             return judged(runtime)
@@ -91,45 +91,48 @@ def accept(
         except Exception as exc:  # unforeseen: rank 0 leaves result files saying ERROR, exit 3
             if not runtime.is_main:
                 raise
-            raise write_error_reports(exc, output, loaded, started, runtime.world_info()) from None
+            raise write_error_reports(exc, output, loaded, started_at, runtime.world_info()) from None
 
     def judged(runtime) -> int:
-        from gpuval.accept import run_accept, with_drift, write_reports
+        from gpuval.accept import run_accept, with_drift, write_error_result, write_reports
+        from gpuval.deadline import watching
         from gpuval.report.console import print_result
 
-        try:
-            if runtime.is_main and not json_:
-                say(
-                    f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                    f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
-                    + (f"; soak: {soak.describe()}" if soak else ""),
-                    err=True,
-                )
-
-            def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
-                if not runtime.is_main:
-                    return run_accept(runtime, loaded, plan, quick, history=history_path)
-                with progress() as bar:
-                    tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
-                    return run_accept(
-                        runtime,
-                        loaded,
-                        plan,
-                        quick,
-                        lambda b, msg: bar.update(
-                            tasks[b], description=msg, completed=1 if msg == "done" else 0
-                        ),
-                        history=history_path,
+        # A rank that stops answering ends the run (gpuval.deadline): rank 0 then leaves an ERROR result.
+        with watching(runtime, lambda line: write_error_result(output, loaded, runtime, started_at, line)):
+            try:
+                if runtime.is_main and not json_:
+                    say(
+                        f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
+                        f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
+                        + (f"; soak: {soak.describe()}" if soak else ""),
+                        err=True,
                     )
 
-            if soak is None:
-                result = once()
-            else:
-                from gpuval.soak import run_soak
+                def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
+                    if not runtime.is_main:
+                        return run_accept(runtime, loaded, plan, quick, history=history_path)
+                    with progress() as bar:
+                        tasks = {b: bar.add_task("waiting", bench=b, total=1) for b in ["health", *plan]}
+                        return run_accept(
+                            runtime,
+                            loaded,
+                            plan,
+                            quick,
+                            lambda b, msg: bar.update(
+                                tasks[b], description=msg, completed=1 if msg == "done" else 0
+                            ),
+                            history=history_path,
+                        )
 
-                result = run_soak(runtime, soak, once, output, loaded, lambda line: say(line, err=True))
-        finally:
-            runtime.shutdown()
+                if soak is None:
+                    result = once()
+                else:
+                    from gpuval.soak import run_soak
+
+                    result = run_soak(runtime, soak, once, output, loaded, lambda line: say(line, err=True))
+            finally:
+                runtime.shutdown()
         if result is None:
             return EXIT_PASS
         result = with_drift(result, history_path, loaded.history)
@@ -158,7 +161,7 @@ def accept(
         if not is_first_rank():
             raise
         world = {"size": nproc or 1, "nodes": 1, "backend": "nccl" if launch.on_gpu() else "gloo"}
-        raise write_error_reports(exc, output, loaded, started, world) from None
+        raise write_error_reports(exc, output, loaded, started_at, world) from None
     except Interrupted as stop:
         # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
         # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from datetime import datetime, timezone
@@ -51,19 +52,23 @@ def bench(
     def work() -> int:
         from gpuval.atomic import write_text_atomic
         from gpuval.bench.run import run_benchmarks
+        from gpuval.deadline import watching
         from gpuval.discover import node_inventory
         from gpuval.health.cuda import cpu_rank_problem
         from gpuval.report.console import print_measurements
         from gpuval.results import BenchDocument
         from gpuval.runtime import init_runtime
 
-        runtime = init_runtime()
-        if output is not None:  # the libraries' warnings and loading bars: to a log beside the document
+        folder = (output.parent if str(output.parent) else Path(".")) if output is not None else None
+        runtime = init_runtime(log_dir=folder)
+        if folder is not None:  # the libraries' warnings and loading bars: to a log beside the document
             from gpuval.quiet import route_third_party_output
 
-            route_third_party_output(output.parent if str(output.parent) else Path("."), runtime.rank)
+            route_third_party_output(folder, runtime.rank)
         began, started_at = time.perf_counter(), datetime.now(timezone.utc).isoformat(timespec="seconds")
-        try:
+        # A rank that stops answering ends the run (gpuval.deadline); no document is written then.
+        with watching(runtime), contextlib.ExitStack() as finally_:
+            finally_.callback(runtime.shutdown)  # leaves the group on the way out, still watched
             if not runtime.on_gpu and (problem := cpu_rank_problem()):
                 raise RunError(f"bench {benchmark.name}: {problem}; gpuval health says why")
             if runtime.is_main:
@@ -86,8 +91,6 @@ def bench(
                 )
                 if n is not None
             ]
-        finally:
-            runtime.shutdown()
         if not runtime.is_main:
             return EXIT_PASS
         status, reason = outcome.not_run.get(benchmark.name, (None, ""))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -171,20 +172,24 @@ def _finetune(
         lock_output(cfg.output)
 
     def work() -> int:
+        from gpuval.deadline import FIRST_STEP_S, phase, watching
         from gpuval.finetune.pipeline import make_data, run_eval
         from gpuval.finetune.trainer import train as train_lora
         from gpuval.quiet import route_third_party_output
         from gpuval.runtime import init_runtime
 
-        runtime = init_runtime()
+        runtime = init_runtime(log_dir=cfg.output)
         route_third_party_output(cfg.output, runtime.rank)  # warnings and loading bars: to a file
-        try:
+        with watching(runtime), contextlib.ExitStack() as finally_:
+            finally_.callback(runtime.shutdown)  # leaves the group on the way out, still watched
             if data:
                 if runtime.is_main:
                     make_data(cfg)
                 runtime.barrier()
             if train:
-                summary = train_lora(cfg, runtime, resume=resume)
+                # the model's build and first step; then each step is a phase of its own (trainer.py)
+                with phase("train setup", FIRST_STEP_S):
+                    summary = train_lora(cfg, runtime, resume=resume)
                 if runtime.is_main:
                     last = summary["steps"][-1] if summary["steps"] else {}
                     say(
@@ -198,8 +203,6 @@ def _finetune(
                 if document is not None:
                     console.print(render_table(document))
                     say(f"wrote {Path(cfg.output) / 'eval.json'}")
-        finally:
-            runtime.shutdown()
         return EXIT_PASS
 
     # one rank per GPU; one process on a CPU (ranks there would share its few cores)

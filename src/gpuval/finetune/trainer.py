@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gpuval.atomic import write_text_atomic
+from gpuval.deadline import phase, step_expected_s
 from gpuval.errors import RunError, UsageError
 from gpuval.finetune.batches import step_batches_for
 from gpuval.finetune.checkpoint import (
@@ -318,61 +319,65 @@ def train(
                 + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
             )
 
+    step_seconds: list[float] = []  # host seconds of each step so far: the next step's deadline
     while upcoming is not None:
-        if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
-            profiler = _start_profiler(runtime.on_gpu)
-        started = time.perf_counter()
-        if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            events[0].record()
-        current = upcoming
-        # The loss denominator stays on the device: dividing by it makes no micro-batch wait for the host.
-        label_tokens_on_device = current.counts[0].clamp(min=1).float()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for index, batch in enumerate(current.batches):
-            batch = dict(batch)
-            rows, targets = batch.pop("loss_rows"), batch.pop("loss_targets")
-            # One row (packed documents flattened for varlen attention) and the head inside the model:
-            # transformers applies it to the labelled positions alone (logits_to_keep takes indices).
-            keep = loss_head.fused is None and batch["input_ids"].shape[0] == 1
-            if keep:
-                batch["logits_to_keep"] = rows
-            if last_mlp is not None:  # only the labelled rows' final hidden states are read below
-                last_mlp.use(rows)
-            # Gradients are reduced across ranks only on the last micro-batch of the step.
-            with parallel.accumulating(last=index == len(current.batches) - 1):
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
-                    # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
-                    model_out = parallel.module(**batch).logits
-                    token_losses_sum = loss_head(model_out, None if keep else rows, targets)
-                # × world: the gradient reduction divides the summed gradients by the world size.
-                parallel.backward(token_losses_sum * world / label_tokens_on_device)
-            if last_mlp is not None:
-                last_mlp.use(None)
-            loss_sum += token_losses_sum.detach().double()
-            if pending is not None:
-                # The last step is read only now, with this step's first micro-batch queued behind it:
-                # the GPU never waits while the host reads, logs and launches (every rank reads the same
-                # reduced numbers here, so on divergence every rank stops at the same point).
-                finish(pending)
-                pending = None
-        # The next step's batches, made and copied while the GPU still runs this one.
-        upcoming = step_batches(step + 1) if step + 1 < last_step else None
+        with phase(f"train step {step + 1}", step_expected_s(step_seconds)):
+            if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
+                profiler = _start_profiler(runtime.on_gpu)
+            started = time.perf_counter()
+            if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
+                events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                events[0].record()
+            current = upcoming
+            # The loss denominator stays on the device: dividing by it makes no micro-batch wait for the host.
+            label_tokens_on_device = current.counts[0].clamp(min=1).float()
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            for index, batch in enumerate(current.batches):
+                batch = dict(batch)
+                rows, targets = batch.pop("loss_rows"), batch.pop("loss_targets")
+                # One row (packed documents flattened for varlen attention) and the head inside the model:
+                # transformers applies it to the labelled positions alone (logits_to_keep takes indices).
+                keep = loss_head.fused is None and batch["input_ids"].shape[0] == 1
+                if keep:
+                    batch["logits_to_keep"] = rows
+                if last_mlp is not None:  # only the labelled rows' final hidden states are read below
+                    last_mlp.use(rows)
+                # Gradients are reduced across ranks only on the last micro-batch of the step.
+                with parallel.accumulating(last=index == len(current.batches) - 1):
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
+                        # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
+                        model_out = parallel.module(**batch).logits
+                        token_losses_sum = loss_head(model_out, None if keep else rows, targets)
+                    # × world: the gradient reduction divides the summed gradients by the world size.
+                    parallel.backward(token_losses_sum * world / label_tokens_on_device)
+                if last_mlp is not None:
+                    last_mlp.use(None)
+                loss_sum += token_losses_sum.detach().double()
+                if pending is not None:
+                    # The last step is read only now, with this step's first micro-batch queued behind it:
+                    # the GPU never waits while the host reads, logs and launches (every rank reads the same
+                    # reduced numbers here, so on divergence every rank stops at the same point).
+                    finish(pending)
+                    pending = None
+            # The next step's batches, made and copied while the GPU still runs this one.
+            upcoming = step_batches(step + 1) if step + 1 < last_step else None
 
-        lr = parallel.lr()
-        grad_norm = parallel.step(t.grad_clip)
-        step += 1
-        # The step's loss and this rank's count of adapter tensors no longer finite, in one reduction: every
-        # rank sees the same two numbers, so every rank stops at the same step (none waits in a collective).
-        reduced = torch.stack([loss_sum, parallel.nonfinite_weights().to(loss_sum)])
-        if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
-            _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
-            profiler = None
-        dist.all_reduce(reduced)
-        numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
-        pending = PendingStep(
-            step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
-        )
+            lr = parallel.lr()
+            grad_norm = parallel.step(t.grad_clip)
+            step += 1
+            # The step's loss and this rank's count of adapter tensors no longer finite, in one reduction:
+            # every rank sees the same two numbers, so every rank stops at the same step (none waits in a
+            # collective).
+            reduced = torch.stack([loss_sum, parallel.nonfinite_weights().to(loss_sum)])
+            if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
+                _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
+                profiler = None
+            dist.all_reduce(reduced)
+            numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
+            pending = PendingStep(
+                step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
+            )
+        step_seconds.append(time.perf_counter() - started)
         if t.save_every_steps and step % t.save_every_steps == 0:
             finish(pending)  # a checkpoint is written only for a step known to be finite
             pending = None

@@ -71,7 +71,7 @@ class ArrivalWatch:
         """Read the process lists once, `benchmark` having just ended."""
         if self.seen is None:
             return
-        lists = nvml.compute_processes(self.library)
+        lists = compute_processes(self.library)
         if not available(lists):
             return  # NVML that stopped answering is the health checks' to judge, not a process
         listed = {p.get("pid") for processes in lists if isinstance(processes, list) for p in processes}
@@ -215,3 +215,18 @@ def _holds(scope: str, arrival: Arrival) -> bool:
     if kind == "pair":
         return arrival.node in where.split("+")
     return node == arrival.node
+
+
+def compute_processes(library: Any = None) -> list[Any] | nvml.Unavailable:
+    """Every GPU's compute processes by index (as GpuInfo.compute_processes), or Unavailable: the query
+    the watch repeats between benchmarks, one NVML call per GPU where a snapshot makes dozens."""
+    session = nvml.Nvml(library)
+    if session.error is not None:
+        return nvml.Unavailable(session.error)
+    try:
+        handles = session.handles()
+        if not available(handles):
+            return handles
+        return [nvml.compute_processes_of(session, h) if available(h) else h for h in handles]
+    finally:
+        session.shutdown()
