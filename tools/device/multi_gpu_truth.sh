@@ -2,14 +2,17 @@
 # Issue 34's evidence on a lent multi-GPU machine, on the device image's torch and gpuval as committed:
 #   standard  N_STANDARD clean `accept` runs (standard tier) on every GPU of the machine
 #   quick1    N_QUICK clean `accept --quick` runs on one GPU (CUDA_VISIBLE_DEVICES=0)
-#   faults    on every GPU: rank 1 stopped (SIGSTOP), rank 1 killed (SIGKILL), another program that starts
-#             multiplying on GPU 0 mid-run; each with its exit code, verdict and seconds from the fault
+#   sigstop   on every GPU: rank 1 stopped (SIGSTOP) FAULT_AT_S seconds into accept --quick
+#   faults    on every GPU: rank 1 killed (SIGKILL), another program that starts multiplying on GPU 0
+#             mid-run; each fault row with its exit code, verdict and seconds from the fault to the verdict
 #   matrix    the fault matrix's one-GPU rows (tools/device/fault_matrix_device.sh's faults phase)
-# Usage on a device machine: PHASES="standard faults" bash tools/device/multi_gpu_truth.sh PROFILE
+# Usage on a device machine: PHASES="standard sigstop" bash tools/device/multi_gpu_truth.sh [PROFILE]
+# (the profile by the GPUs' name when none is given). Each phase appends to what earlier calls left in $RUNS.
 # Files under $OUT: env.json, runs.json (every clean run's verdict and every check's value), faults.json,
 # fault-matrix-1gpu.json, standard-1.json (the first standard run's result.json), log.txt.
 set -uo pipefail
-PROFILE=${1:?profile}
+PROFILE=${1:-}
+[ -n "$PROFILE" ] || PROFILE=$(python3 -c 'import torch; print("h200-sxm" if "H200" in torch.cuda.get_device_name(0) else "h100-sxm")')
 PHASES=${PHASES:-"standard faults"}
 N_STANDARD=${N_STANDARD:-5}
 N_QUICK=${N_QUICK:-10}
@@ -98,36 +101,7 @@ PY
   echo "FAULT $name exit=$rc, $(python3 -c "print(round($end-$injected,1))") s from the fault to the verdict"
 }
 
-ALL=(--profile "$PROFILE" --set expect.gpu_count="$GPUS")
-ONE=(--profile "$PROFILE" --set expect.gpu_count=1 --set expect.nvlinks_per_gpu=null)
-
-if [[ " $PHASES " == *" standard "* ]]; then
-  for i in $(seq 1 "$N_STANDARD"); do clean standard "$i" "$GPUS" python3 -m gpuval accept "${ALL[@]}"; done
-  cp "$RUNS/standard-1/result.json" "$OUT/standard-1.json" 2>/dev/null
-fi
-if [[ " $PHASES " == *" quick1 "* ]]; then
-  for i in $(seq 1 "$N_QUICK"); do
-    clean quick1 "$i" 1 env CUDA_VISIBLE_DEVICES=0 python3 -m gpuval accept "${ONE[@]}" --quick
-  done
-fi
-if [[ " $PHASES " == *" faults "* ]]; then
-  fault sigstop-rank1 "rank 1 stopped with SIGSTOP ${FAULT_AT_S} s into accept --quick" stop1 -- \
-    python3 -m gpuval accept "${ALL[@]}" --quick
-  fault sigkill-rank1 "rank 1 killed with SIGKILL ${FAULT_AT_S} s into accept --quick" kill1 -- \
-    python3 -m gpuval accept "${ALL[@]}" --quick
-  fault job-mid-run "another program starts multiplying on GPU 0 ${FAULT_AT_S} s into accept --quick" hog -- \
-    python3 -m gpuval accept "${ALL[@]}" --quick
-fi
-if [[ " $PHASES " == *" matrix "* ]]; then
-  OUT="$RUNS/matrix" PHASES=faults bash tools/device/fault_matrix_device.sh "$PROFILE" >/dev/null 2>&1
-  cp "$RUNS/matrix/fault-matrix.json" "$OUT/fault-matrix-1gpu.json" 2>/dev/null
-  python3 - "$OUT/fault-matrix-1gpu.json" <<'PY'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(f"MATRIX {r['name']:20} exit={r['exit_code']} verdict={r['verdict']} wall={r['wall_s']} s")
-PY
-fi
-
+summarise() {  # runs.json and faults.json from what ran so far (after each phase: a call cut short keeps them)
 python3 - "$RUNS" "$OUT" <<'PY'
 import json, os, sys
 runs_dir, out = sys.argv[1:]
@@ -152,3 +126,41 @@ for f in faults:
     print(f"FAULTROW {f['name']}: exit {f['exit_code']} verdict {f['verdict']} "
           f"{f['seconds_from_fault_to_verdict']} s from fault; {f['output_tail'][-1:]}")
 PY
+}
+
+ALL=(--profile "$PROFILE" --set expect.gpu_count="$GPUS")
+ONE=(--profile "$PROFILE" --set expect.gpu_count=1 --set expect.nvlinks_per_gpu=null)
+
+if [[ " $PHASES " == *" standard "* ]]; then
+  for i in $(seq 1 "$N_STANDARD"); do clean standard "$i" "$GPUS" python3 -m gpuval accept "${ALL[@]}"; done
+  cp "$RUNS/standard-1/result.json" "$OUT/standard-1.json" 2>/dev/null
+  summarise
+fi
+if [[ " $PHASES " == *" quick1 "* ]]; then
+  for i in $(seq 1 "$N_QUICK"); do
+    clean quick1 "$i" 1 env CUDA_VISIBLE_DEVICES=0 python3 -m gpuval accept "${ONE[@]}" --quick
+  done
+  summarise
+fi
+if [[ " $PHASES " == *" sigstop "* ]]; then
+  fault sigstop-rank1 "rank 1 stopped with SIGSTOP ${FAULT_AT_S} s into accept --quick" stop1 -- \
+    python3 -m gpuval accept "${ALL[@]}" --quick
+  summarise
+fi
+if [[ " $PHASES " == *" faults "* ]]; then
+  fault sigkill-rank1 "rank 1 killed with SIGKILL ${FAULT_AT_S} s into accept --quick" kill1 -- \
+    python3 -m gpuval accept "${ALL[@]}" --quick
+  fault job-mid-run "another program starts multiplying on GPU 0 ${FAULT_AT_S} s into accept --quick" hog -- \
+    python3 -m gpuval accept "${ALL[@]}" --quick
+  summarise
+fi
+if [[ " $PHASES " == *" matrix "* ]]; then
+  OUT="$RUNS/matrix" PHASES=faults bash tools/device/fault_matrix_device.sh "$PROFILE" >/dev/null 2>&1
+  cp "$RUNS/matrix/fault-matrix.json" "$OUT/fault-matrix-1gpu.json" 2>/dev/null
+  python3 - "$OUT/fault-matrix-1gpu.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"MATRIX {r['name']:20} exit={r['exit_code']} verdict={r['verdict']} wall={r['wall_s']} s")
+PY
+fi
+
