@@ -151,3 +151,13 @@ def test_an_overrun_where_every_rank_waits_names_the_rank_behind_or_else_all():
     assert decision.line.startswith("rank 2 behind, outside any phase, while the others waited 40 s")
     everyone = {0: _beat(age_s=40.0), 1: _beat(age_s=40.0)}
     assert decide(everyone, {}, 2).ranks == [0, 1]
+
+
+def test_a_waiting_rank_over_first_waits_for_the_working_rank_to_be_over_too():
+    """Beats lag each other by up to one beat: the rank waiting in a collective can pass the deadline first
+    while the rank that hangs (and began the phase a moment later) has not yet. Naming the waiting rank
+    would blame the healthy one; the decision waits for the working rank's own beat instead."""
+    hung = _beat(age_s=31.5, waiting=False, where="_hang (sitecustomize.py:27)")
+    assert decide({0: _beat(age_s=32.5), 1: hung}, {}, 2) is None
+    decision = decide({0: _beat(age_s=34.5), 1: {**hung, "age_s": 33.5}}, {}, 2)
+    assert decision.ranks == [1] and decision.line.startswith("rank 1 still in phase 'collectives' 34 s")

@@ -145,6 +145,16 @@ def decide(
     top = max(beat["seq"] for beat in over.values())
     late = sorted(r for r, beat in over.items() if not beat.get("waiting"))
     behind = sorted(r for r in live if r not in over and beats.get(r, {}).get("seq", -1) < top)
+    working = [
+        r
+        for r in live
+        if r not in over and beats.get(r, {}).get("seq") == top and not beats[r].get("waiting")
+    ]
+    if not late and not behind and working:
+        # Only ranks that wait for the others are over so far, and a rank still works in the same phase:
+        # its own beat passes the deadline within a beat or two (it began the phase a little later), and
+        # it, not the ranks waiting for it, is the one to name.
+        return None
     named = late or behind or sorted(over)
     first = over[min(over)]
     parts = []
