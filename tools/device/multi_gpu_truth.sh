@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34's evidence on a lent multi-GPU machine, on the device image's torch and gpuval as committed:
 #   standard  N_STANDARD clean `accept` runs (standard tier) on every GPU of the machine
-#   quick1    N_QUICK clean `accept --quick` runs on one GPU (CUDA_VISIBLE_DEVICES=0)
+#   quick1    clean `accept --quick` runs on a machine of one GPU, up to N_QUICK in all (QUICK_BUDGET_S a call)
 #   sigstop   on every GPU: rank 1 stopped (SIGSTOP) FAULT_AT_S seconds into accept --quick
 #   faults    on every GPU: rank 1 killed (SIGKILL), another program that starts multiplying on GPU 0
 #             mid-run; each fault row with its exit code, verdict and seconds from the fault to the verdict
@@ -137,8 +137,13 @@ if [[ " $PHASES " == *" standard "* ]]; then
   summarise
 fi
 if [[ " $PHASES " == *" quick1 "* ]]; then
-  for i in $(seq 1 "$N_QUICK"); do
-    clean quick1 "$i" 1 env CUDA_VISIBLE_DEVICES=0 python3 -m gpuval accept "${ONE[@]}" --quick
+  # On a machine of one GPU: CUDA_VISIBLE_DEVICES=0 on a larger one hides GPUs NVML still lists, which
+  # gpuval rightly FAILs (cuda.visible). No new run starts once QUICK_BUDGET_S have passed in the phase.
+  first=$(( $(find "$RUNS" -maxdepth 1 -name 'quick1-*.txt' | wc -l) + 1 ))
+  phase_start=$(date +%s)
+  for i in $(seq "$first" "$N_QUICK"); do
+    [ $(( $(date +%s) - phase_start )) -lt "${QUICK_BUDGET_S:-100000}" ] || break
+    clean quick1 "$i" 1 python3 -m gpuval accept "${ONE[@]}" --quick
   done
   summarise
 fi
