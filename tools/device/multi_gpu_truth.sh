@@ -132,7 +132,11 @@ ALL=(--profile "$PROFILE" --set expect.gpu_count="$GPUS")
 ONE=(--profile "$PROFILE" --set expect.gpu_count=1 --set expect.nvlinks_per_gpu=null)
 
 if [[ " $PHASES " == *" standard "* ]]; then
-  for i in $(seq 1 "$N_STANDARD"); do clean standard "$i" "$GPUS" python3 -m gpuval accept "${ALL[@]}"; done
+  phase_start=$(date +%s)
+  for i in $(seq 1 "$N_STANDARD"); do
+    [ $(( $(date +%s) - phase_start )) -lt "${STANDARD_BUDGET_S:-100000}" ] || break
+    clean standard "$i" "$GPUS" python3 -m gpuval accept "${ALL[@]}"
+  done
   cp "$RUNS/standard-1/result.json" "$OUT/standard-1.json" 2>/dev/null
   summarise
 fi
