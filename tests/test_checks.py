@@ -336,8 +336,8 @@ def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monke
         raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
 
     benchmarks = {
-        "matmul": SimpleNamespace(run=boom),
-        "membw": SimpleNamespace(run=lambda ctx, options: []),
+        "matmul": SimpleNamespace(run=boom, expected_s=None),
+        "membw": SimpleNamespace(run=lambda ctx, options: [], expected_s=None),
     }
     monkeypatch.setattr(suite, "all_benchmarks", lambda: benchmarks)
     runtime = SimpleNamespace(rank=1, node_name="n1", all_gather_object=lambda obj: [obj])

@@ -6,12 +6,16 @@ depends on how many GPUs take part (metrics.MeasurementDecl.by_gpu_count: collec
 group per GPU count, written to the check's `by_gpus`. With sd the sample standard deviation (n - 1) of
 the group's values:
 
-    higher is better:  floor   = min(values) - k * sd, rounded down to 3 significant digits
-    lower is better:   ceiling = max(values) + k * sd, rounded up to 3 significant digits
+    higher is better:  floor   = min(values) - max(k * sd, margin * min(values)), rounded down to 3
+                       significant digits
+    lower is better:   ceiling = max(values) + max(k * sd, margin * max(values)), rounded up
 
-so a floor is never above the worst clean value, nor a ceiling below it. A group needs values from
-`min_runs` runs (files); with fewer, a bound whose source starts 'hand-set' stays, anything else is a
-usage error naming the check. Every bound derived names the runs it came from in its `source`.
+so a floor is never above the worst clean value, nor a ceiling below it. The relative margin (3 % unless
+set) keeps a bound from sitting on the values when the runs agree more closely than machines do: three
+runs in one call spread 0.1 % (4-GPU alltoall), while one collective on two lent machines differed by up
+to 2.5 % (2-GPU all_gather). A group needs values from `min_runs` runs (files); with fewer, a bound whose
+source starts 'hand-set' stays, anything else is a usage error naming the check. Every bound derived
+names the runs it came from in its `source`.
 
 Runs are result.json files (gpuval.result/v1) and `gpuval bench --output` documents (gpuval.bench/v1).
 A run whose verdict is ERROR, whose health FAILed (any FAIL of a check that is not a threshold on a
@@ -42,6 +46,7 @@ from gpuval.results import BENCH_SCHEMA_ID, SCHEMA_ID, BenchDocument, Measuremen
 
 DEFAULT_K = 3.0
 DEFAULT_MIN_RUNS = 3
+DEFAULT_MARGIN = 0.03  # the least distance between a bound and the worst clean value, as a fraction of it
 _WIDTH = 110  # the longest line a profile gets
 _DERIVED = "derived"
 
@@ -50,6 +55,7 @@ _DERIVED = "derived"
 class Rule:
     k: float = DEFAULT_K  # how many standard deviations below the worst clean value a floor sits
     min_runs: int = DEFAULT_MIN_RUNS  # runs (files) a group needs before a bound is derived from it
+    margin: float = DEFAULT_MARGIN  # the least gap between bound and worst value, relative to the value
 
 
 @dataclass(frozen=True)
@@ -133,27 +139,32 @@ def round_loose(value: float, down: bool) -> float:
     return float(f"{steps * step:.10g}")
 
 
-def derive_bound(values: list[float], direction: int, k: float) -> tuple[float, float, float]:
+def derive_bound(
+    values: list[float], direction: int, k: float, margin: float = DEFAULT_MARGIN
+) -> tuple[float, float, float]:
     """(bound, worst value, sd): the rule for one group, as the module says."""
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     if direction > 0:
         worst = min(values)
-        return min(worst, round_loose(max(0.0, worst - k * sd), down=True)), worst, sd
+        gap = max(k * sd, margin * abs(worst))
+        return min(worst, round_loose(max(0.0, worst - gap), down=True)), worst, sd
     worst = max(values)
-    return max(worst, round_loose(worst + k * sd, down=False)), worst, sd
+    gap = max(k * sd, margin * abs(worst))
+    return max(worst, round_loose(worst + gap, down=False)), worst, sd
 
 
 def _labels(found: list[tuple[float, Run]]) -> list[str]:
     return list(dict.fromkeys(run.label for _, run in found))
 
 
-def _source(found: list[tuple[float, Run]], direction: int, k: float, worst: float, sd: float) -> str:
+def _source(found: list[tuple[float, Run]], direction: int, rule: Rule, worst: float, sd: float) -> str:
     labels = _labels(found)
-    edge = (
-        f"min {worst:.5g} - {k:g} x sd {sd:.3g}"
-        if direction > 0
-        else f"max {worst:.5g} + {k:g} x sd {sd:.3g}"
+    gap = (
+        f"{rule.k:g} x sd {sd:.3g}"
+        if rule.k * sd >= rule.margin * abs(worst)
+        else f"{rule.margin:.0%} of it (> {rule.k:g} x sd {sd:.3g})"
     )
+    edge = f"min {worst:.5g} - {gap}" if direction > 0 else f"max {worst:.5g} + {gap}"
     return f"{_DERIVED} from {len(labels)} runs, {len(found)} values: {edge}; {', '.join(labels)}"
 
 
@@ -168,10 +179,10 @@ def _keepable(source: str | None, strict: bool) -> bool:
 
 
 def _bound(found: list[tuple[float, Run]], direction: int, rule: Rule) -> CountBound:
-    value, worst, sd = derive_bound([v for v, _ in found], direction, rule.k)
+    value, worst, sd = derive_bound([v for v, _ in found], direction, rule.k, rule.margin)
     number = int(value) if value == int(value) else value
     side = {"min": number} if direction > 0 else {"max": number}
-    return CountBound(**side, source=_source(found, direction, rule.k, worst, sd))
+    return CountBound(**side, source=_source(found, direction, rule, worst, sd))
 
 
 def _too_few(name: str, where: str, found: list[tuple[float, Run]], rule: Rule) -> UsageError:
@@ -359,6 +370,7 @@ class Manifest(_Strict):
     results: str = Field("benchmarks/results", description="the folder run paths are relative to, from root")
     k: float = Field(DEFAULT_K, ge=0)
     min_runs: int = Field(DEFAULT_MIN_RUNS, ge=2)
+    margin: float = Field(DEFAULT_MARGIN, ge=0, lt=1)
     profiles: dict[str, ManifestProfile]
 
 
@@ -377,7 +389,7 @@ def from_manifest(manifest_path: Path, only: list[str] | None = None) -> list[De
 
     manifest = validate_model(Manifest, read_yaml(manifest_path, "manifest"), f"manifest '{manifest_path}'")
     root = (manifest_path.parent / manifest.root).resolve()
-    rule = Rule(k=manifest.k, min_runs=manifest.min_runs)
+    rule = Rule(k=manifest.k, min_runs=manifest.min_runs, margin=manifest.margin)
     unknown = [name for name in only or [] if name not in manifest.profiles]
     if unknown:
         raise UsageError(

@@ -50,6 +50,12 @@ def profiles_derive(
     min_runs: Annotated[
         int, typer.Option(help="runs a bound needs, per GPU count where it depends on it", min=2)
     ] = 3,
+    margin: Annotated[
+        float,
+        typer.Option(
+            help="least gap between a bound and the worst clean value, as a fraction of it", min=0, max=0.99
+        ),
+    ] = 0.03,
     keep: Annotated[
         list[str] | None,
         typer.Option(
@@ -103,7 +109,8 @@ def profiles_derive(
     if output.is_dir():
         raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/profile.yaml")
     loaded = [load_run(path, skip=frozenset(keep or [])) for path in runs]
-    text, _, profile = derive_profile(base_for(loaded, base), loaded, Rule(k=k, min_runs=min_runs))
+    rule = Rule(k=k, min_runs=min_runs, margin=margin)
+    text, _, profile = derive_profile(base_for(loaded, base), loaded, rule)
     try:
         write_text_atomic(output, text)
     except OSError as exc:
