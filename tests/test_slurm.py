@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +137,40 @@ def test_one_failing_node_is_named_and_the_verdict_is_the_jobs_exit_code(slurm, 
     benchmark_checks = [c for c in result["checks"] if c["name"] in load_profile("cpu").checks]
     assert benchmark_checks and {c["status"] for c in benchmark_checks} == {"SKIP"}
     assert all("node2: cuda.visible ERROR on node:node2" in c["detail"] for c in benchmark_checks)
+
+
+def test_a_stopped_rank_ends_the_job_with_exit_3_naming_it(slurm, tmp_path):
+    """Rank 1 (node2's task) stops itself with SIGSTOP at its first all_reduce (tests/dist/hanghook), with
+    no timeout set. Under srun rank 0 hosts the rendezvous store: its watchdog finds rank 1 silent past
+    the 20 s limit, writes result.json saying ERROR, says one line and ends; srun then reports a task
+    ended by a signal, and the job's exit code is still gpuval's ERROR, 3."""
+    hook = Path(__file__).parent / "dist" / "hanghook"
+    env = {
+        **slurm,
+        "GPUVAL_OUTPUT": str(tmp_path / "results"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), slurm.get("PYTHONPATH")])),
+        "GPUVAL_TEST_HANG_RANK": "1",
+        "GPUVAL_TEST_HANG": "stop",
+        "GPUVAL_TEST_HANG_MARK": str(tmp_path / "hung"),
+    }
+    began = time.monotonic()
+    job = _run(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", str(SLURM / "accept.sbatch"), "--quick"],
+        env,
+        tmp_path,
+        timeout=300,
+    )
+    took = time.monotonic() - began
+    log = _job_output(tmp_path)
+    assert (tmp_path / "hung").exists(), log  # rank 1 did stop mid-run
+    assert job.returncode == 3, job.stderr + log
+    lines = [line for line in log.splitlines() if line.startswith("gpuval: ")]
+    assert len(lines) == 1, log
+    assert re.search(r"rank 1 \(stopped by a signal\) silent for \d+ s in phase '", lines[0]), lines[0]
+    result = json.loads((tmp_path / "results" / "result.json").read_text(encoding="utf-8"))
+    assert result["verdict"] == "ERROR"
+    assert [c["name"] for c in result["checks"]] == ["run.ranks"]
+    assert took < 180, f"{took:.0f} s for the whole job"
 
 
 def test_tiny_finetune_trains_with_ddp_across_two_nodes(slurm, tmp_path):
