@@ -103,3 +103,24 @@ def test_the_version_range_reads_releases() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.slow
+def test_an_unforeseen_error_in_bench_is_exit_3_with_its_document_saying_error(tmp_path: Path) -> None:
+    (tmp_path / "tmp").mkdir()
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
+        GPUVAL_TEST_CRASH="rank0",
+        OMP_NUM_THREADS="1",
+        TMPDIR=str(tmp_path / "tmp"),
+    )
+    args = ["bench", "matmul", "--nproc", "1", "--set", "dtypes=[fp32]", "--output", "out/bench.json"]
+    proc = run_cli(args, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: ")]
+    assert len(lines) == 1 and lines[0].startswith("gpuval: internal error, TypeError"), proc.stderr
+    document = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert document["status"] == "ERROR" and "this torch does not take" in document["detail"]
+    assert document["benchmark"] == "matmul" and document["measurements"] == []
+    assert "Traceback" in (tmp_path / "out" / "gpuval-error.log").read_text()

@@ -13,7 +13,7 @@ import typer
 
 from gpuval import launch
 from gpuval.cli.options import NprocOption, SetOption, console, exits, is_first_rank, output_file, progress
-from gpuval.errors import EXIT_PASS, RunError, UsageError
+from gpuval.errors import EXIT_PASS, GpuvalError, RunError, UsageError
 
 
 @exits
@@ -51,16 +51,45 @@ def bench(
 
     def work() -> int:
         from gpuval.atomic import write_text_atomic
+        from gpuval.results import BenchDocument
+        from gpuval.runtime import init_runtime
+
+        folder = (output.parent if str(output.parent) else Path(".")) if output is not None else None
+        runtime = init_runtime(log_dir=folder)
+        try:
+            return measured(runtime, folder)
+        except GpuvalError:
+            raise
+        except Exception as exc:  # unforeseen: rank 0's document says ERROR with the one line, exit 3
+            if not runtime.is_main:
+                raise
+            from gpuval.crash import as_error
+
+            error = as_error(exc, folder)
+            if output is not None and not isinstance(error, UsageError):
+                document = BenchDocument(
+                    benchmark=benchmark.name,
+                    started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    duration_s=0.0,
+                    world=runtime.world_info(),
+                    status="ERROR",
+                    detail=str(error),
+                    options=options.model_dump(mode="json"),
+                    command=["gpuval", *sys.argv[1:]],
+                )
+                with contextlib.suppress(OSError):  # the one line still says what happened
+                    write_text_atomic(output, document.to_json())
+            raise error from None
+
+    def measured(runtime, folder: Path | None) -> int:
+        from gpuval.atomic import write_text_atomic
         from gpuval.bench.run import run_benchmarks
         from gpuval.deadline import watching
         from gpuval.discover import node_inventory
         from gpuval.health.cuda import cpu_rank_problem
         from gpuval.report.console import print_measurements
         from gpuval.results import BenchDocument
-        from gpuval.runtime import init_runtime
 
-        folder = (output.parent if str(output.parent) else Path(".")) if output is not None else None
-        runtime = init_runtime(log_dir=folder)
         if folder is not None:  # the libraries' warnings and loading bars: to a log beside the document
             from gpuval.quiet import route_third_party_output
 

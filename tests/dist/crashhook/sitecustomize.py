@@ -3,7 +3,7 @@
 Active only where the test sets GPUVAL_TEST_CRASH:
 - `launcher`: the launcher's call into torch's engine raises TypeError (as torch 2.11 did for a keyword
   it did not know), before any rank starts;
-- `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept.
+- `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept (or bench).
 Anywhere else it imports nothing.
 """
 
