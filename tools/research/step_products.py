@@ -1,14 +1,14 @@
 """Issue 23: the 7B LoRA step's largest products and kernels, timed alone in the ways they could be run.
 
-    python benchmarks/step_products.py --output products.json      # on a GPU machine
+    python tools/research/step_products.py --output products.json      # on a GPU machine
 
 The bf16 step (benchmarks/finetune_speed.py's `gpuval`) spends 74 % of its kernel time in matrix products
-(the profile in results/2026-11-26-h100x1-finetune-profile-final/). There, the products whose output is
-the hidden size (3,584 columns: the MLP's down projection, and the gate and up projections' input
-gradients) ran 6-10 % slower than the products of the same FLOPs whose output is the MLP's 18,944 columns.
-A likely cause is wave quantisation: 12,288 rows x 3,584 columns in cuBLAS's 192 x 192 tiles are 1,216
-tiles, 9.2 waves of 132 SMs, so the tenth wave runs a fifth full. This script times each such product
-alone, beside other ways to run the same arithmetic:
+(the profile in benchmarks/results/2026-11-26-h100x1-finetune-profile-final/). There, the products whose
+output is the hidden size (3,584 columns: the MLP's down projection, and the gate and up projections'
+input gradients) ran 6-10 % slower than the products of the same FLOPs whose output is the MLP's 18,944
+columns. A likely cause is wave quantisation: 12,288 rows x 3,584 columns in cuBLAS's 192 x 192 tiles are
+1,216 tiles, 9.2 waves of 132 SMs, so the tenth wave runs a fifth full. This script times each such
+product alone, beside other ways to run the same arithmetic:
 
 - `gate_up_input_grad`: d(x) = d(gate) @ W_gate + d(up) @ W_up as the trainer's autograd runs it (two
   products and an add), as one batched product over the stacked pair (`bmm` then a sum: twice the tiles in
@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the speed benchmark's helpers
 from finetune_speed import git_commit  # noqa: E402
 
 HIDDEN, MLP, VOCAB = 3584, 18944, 152064
