@@ -35,9 +35,11 @@ RECORDED = ("gpuval.result/v1", "gpuval.bench/v1")  # accept's result.json and `
 
 
 def _recorded_measurements() -> list[Measurement]:
-    """The measurements of every result or bench file kept under benchmarks/results (GPU runs)."""
+    """The measurements of every result or bench file kept under benchmarks/results (GPU runs), archived
+    ones included."""
     found = []
-    for path in sorted((REPO / "benchmarks" / "results").glob("*/*.json")):
+    results = REPO / "benchmarks" / "results"
+    for path in sorted([*results.glob("*/*.json"), *results.glob("archive/*/*.json")]):
         document = json.loads(path.read_text())
         if isinstance(document, dict) and document.get("schema") in RECORDED:
             found += [Measurement.model_validate(m) for m in document.get("measurements", [])]

@@ -143,10 +143,11 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
 
 # About two passes over the records in PRETRAIN_STEPS: a made-up value is met about twice, too rarely to
 # be memorised instead of copied. (Far fewer records read many more times gave a base that recalled and
-# garbled unseen values: benchmarks/results/2026-11-22-cpu-finetune-tokenizer2.) A longer schedule over
-# more records copies better (benchmarks/results/2026-11-23-h100x1-tiny-pretrain-longer/). A batch of 64
-# costs a GPU step about what 32 does, so the hidden-192 model takes 4,000 steps of 64 over 260,000 records;
-# 128 with half the steps trains a worse copier (benchmarks/results/2026-11-23-h100x1-tiny-pretrain-batch64/).
+# garbled unseen values: benchmarks/results/archive/2026-11-22-cpu-finetune-tokenizer2.) A longer
+# schedule over more records copies better
+# (benchmarks/results/archive/2026-11-23-h100x1-tiny-pretrain-longer/). A batch of 64 costs a GPU step
+# about what 32 does, so the hidden-192 model takes 4,000 steps of 64 over 260,000 records; 128 with half
+# the steps trains a worse copier (benchmarks/results/2026-11-23-h100x1-tiny-pretrain-batch64/).
 PRETRAIN_RECORDS = 260000
 PRETRAIN_SEED = 20261123  # not the tokenizer's corpus seed, not a fine-tune seed
 PRETRAIN_STEPS = 4000

@@ -3,10 +3,10 @@
 A `gpuval finetune run`'s holdout_values split is one draw of held-out records (`synth.holdout_seed`).
 Choosing a base or a recipe by its score there fits that draw: in issue 4, the first 178 records of seed 1
 gave 0.90-0.91 where 729 records of seeds 2 and 3 gave 0.81-0.84
-(benchmarks/results/2026-11-23-cpu-finetune-synthetic/). This makes held-out records of other seeds, keeps
-those whose first reply calls a function the run trained on (as the run's own split does), and scores the
-run's adapter on them with `gpuval finetune eval`, written to a folder of its own: the run's eval.json
-stays as it is.
+(benchmarks/results/archive/2026-11-23-cpu-finetune-synthetic/). This makes held-out records of other
+seeds, keeps those whose first reply calls a function the run trained on (as the run's own split does), and
+scores the run's adapter on them with `gpuval finetune eval`, written to a folder of its own: the run's
+eval.json stays as it is.
 
     python tools/research/holdout_draws.py --config configs/finetune/tiny-cpu.yaml --run RUN_DIR \
         --output DIR [--seeds 2 3] [--records 600] [--set model=DIR ...]
