@@ -306,5 +306,5 @@ def test_output_means_a_folder_or_a_file_and_every_help_says_which():
     assert kinds == {
         "accept": "DIR", "health": "DIR", "finetune prepare": "DIR", "finetune run": "DIR",
         "bench": "FILE", "discover": "FILE", "report": "FILE", "finetune synth": "FILE",
-        "profiles derive": "FILE",
+        "profiles derive": "FILE", "profiles table": "FILE",
     }  # fmt: skip

@@ -12,12 +12,24 @@ import typer
 from gpuval.cli.options import HistoryOption, console, exits, output_file, say
 from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
 
-profiles_app = typer.Typer(help="The built-in profiles: list them, or derive one from clean runs.")
+profiles_app = typer.Typer(
+    help="The built-in profiles: list them, derive one from clean runs, or write the table of their bounds."
+)
+
+
+def _write(output: Path, text: str) -> None:
+    """`text` into the --output file, all or nothing; a file that cannot be written is a usage error."""
+    from gpuval.atomic import write_text_atomic
+
+    try:
+        write_text_atomic(output, text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}: choose another --output") from None
 
 
 @profiles_app.callback(invoke_without_command=True)
 def profiles(ctx: typer.Context) -> None:
-    """List the built-in profiles (derive: a profile's bounds from clean runs)."""
+    """List the built-in profiles (derive: a profile's bounds from clean runs; table: docs/thresholds.md)."""
     if ctx.invoked_subcommand is not None:
         return
     from gpuval.config import builtin_profiles, load_profile
@@ -111,11 +123,46 @@ def profiles_derive(
     loaded = [load_run(path, skip=frozenset(keep or [])) for path in runs]
     rule = Rule(k=k, min_runs=min_runs, margin=margin)
     text, _, profile = derive_profile(base_for(loaded, base), loaded, rule)
-    try:
-        write_text_atomic(output, text)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}: choose another --output") from None
+    _write(output, text)
     say(f"wrote {output}: {len(profile.checks)} checks from {len(loaded)} runs", soft_wrap=True)
+    return EXIT_PASS
+
+
+@profiles_app.command("table")
+@exits
+def profiles_table(
+    output: Annotated[Path | None, output_file("the document (default: print it)")] = None,
+    manifest: Annotated[
+        Path, typer.Option(help="the manifest the profiles' bounds are derived from (runs, rule, skips)")
+    ] = Path("benchmarks/derivation.yaml"),
+    check: Annotated[
+        bool, typer.Option("--check", help="write nothing; exit 1 where --output differs from the profiles")
+    ] = False,
+) -> int:
+    """Write docs/thresholds.md from the built-in profiles: every bound, how it was made and the runs it
+    came from, linked (`gpuval profiles table --output docs/thresholds.md`)."""
+    from gpuval.threshold_table import COMMAND, render
+
+    if output is not None and output.is_dir():
+        raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/thresholds.md")
+    text = render(manifest, (output.parent if output is not None else Path.cwd()))
+    if check:
+        if output is None:
+            raise UsageError("--check compares the profiles with a document: pass --output FILE")
+        if not output.is_file() or output.read_text(encoding="utf-8") != text:
+            say(
+                f"gpuval: {output} differs from what the profiles give now: run `{COMMAND}`",
+                err=True,
+                soft_wrap=True,
+            )
+            return EXIT_FAIL
+        say(f"{output} is what the profiles give", soft_wrap=True)
+        return EXIT_PASS
+    if output is None:
+        sys.stdout.write(text)
+        return EXIT_PASS
+    _write(output, text)
+    say(f"wrote {output}", soft_wrap=True)
     return EXIT_PASS
 
 
