@@ -26,6 +26,7 @@ MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 DOCUMENTS = [
     REPO / "README.md",
     REPO / "benchmarks" / "README.md",
+    REPO / "benchmarks" / "NOTES.md",
     REPO / "tools" / "README.md",
     INDEX,
     *sorted((REPO / "docs").glob("*.md")),
