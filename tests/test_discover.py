@@ -19,12 +19,12 @@ from rich.console import Console
 from gpuval.discover import node_inventory
 from gpuval.discover.host import host_info, parse_cpulist
 from gpuval.discover.network import infiniband_ports
-from gpuval.discover.render import paste_block, print_inventory
 from gpuval.discover.scheduler import scheduler_context
 from gpuval.discover.software import software_versions, torch_build, version_text
 from gpuval.discover.storage import mounts, shown_to_people
 from gpuval.discover.topology import gpu_affinity, sysfs_pci_address
 from gpuval.nvml import Nvml, snapshot
+from gpuval.report.inventory import paste_block, print_inventory
 
 FAKE_ROOT = Path(__file__).parent / "data" / "sysfs"
 GIB = 2**30

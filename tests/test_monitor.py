@@ -33,12 +33,12 @@ from nvml_replay import ReplayNvml, load
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from gpuval.cli.monitor import run_monitor
 from gpuval.errors import UsageError
-from gpuval.monitor import run_monitor
-from gpuval.monitor.dashboard import render
 from gpuval.monitor.exporter import GPU_LABELS, parse_address, serve
 from gpuval.monitor.sample import GpuReading, Reading, Sampler, cpu_percent, cpu_times
 from gpuval.nvml import GpuInfo, Nvml, Unavailable, gpu_fields, snapshot
+from gpuval.report.dashboard import render
 
 
 def _nvml_missing() -> bool:

@@ -1,4 +1,5 @@
-"""report.html from real results: the 4xH200 run committed under benchmarks/results and a CPU accept run.
+"""report.html from real results: the 4xH200 run committed under benchmarks/results and a CPU accept run;
+and the console's check table, which keeps its hints readable at 80 columns.
 
 The page is opened in headless Chromium (Debian's `chromium`): it renders, the browser console stays
 silent, the plots are in the rendered DOM, and a screenshot is not blank. GPUVAL_REQUIRE_CHROMIUM=1
@@ -7,6 +8,7 @@ silent, the plots are in the rendered DOM, and a screenshot is not blank. GPUVAL
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,9 +17,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from gpuval.report.console import print_result
 from gpuval.report.html import render_html
-from gpuval.results import load_result
+from gpuval.results import Check, Result, Status, World, load_result
 
 REPO = Path(__file__).resolve().parents[1]
 H200X4 = REPO / "benchmarks" / "results" / "2026-11-22-h200x4-device-run" / "accept-standard.json"
@@ -154,3 +158,71 @@ def test_report_renders_in_headless_chromium_without_console_errors(which, tmp_p
     not_white = (pixels < 0.95).any(axis=2).mean()
     colours = len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0))
     assert not_white > 0.05 and colours > 50  # text, a coloured banner and plots, not a blank page
+
+
+# --- the console's check table ---------------------------------------------------------------------------
+
+# A FAIL whose hint is longer than 80 columns, a WARN whose hint fits one line with its number (and holds
+# what rich would read as markup), and a PASS, whose detail no table shows.
+LONG_HINT = (
+    "44.48 GB/s on gpu:node-a/0, required >= 50: check the PCIe link (nvidia-smi -q -d PCI: generation "
+    "and width) and NUMA binding"
+)
+SHORT_HINT = "slowest GPU 7.2 % below the median [/]: rerun it alone to tell"
+
+
+def _console_text(width: int) -> list[str]:
+    checks = [
+        Check(name="all_reduce.busbw_gbps", status=Status.PASS, value=354.0, unit="GB/s",
+              threshold={"min": 340, "bytes": 2**30}, detail="no hint for a PASS"),
+        Check(name="outliers.matmul_pct", status=Status.WARN, value=7.2, unit="%", threshold={"max": 5},
+              scope="node:node-a", detail=SHORT_HINT),
+        Check(name="membw.h2d_gbps", status=Status.FAIL, value=44.48, unit="GB/s", threshold={"min": 50},
+              scope="gpu:node-a/0", detail=LONG_HINT),
+    ]  # fmt: skip
+    result = Result(
+        verdict=Status.FAIL, started_at="2026-11-27T00:00:00+00:00", duration_s=1.0, profile="toy",
+        world=World(size=2, nodes=1, backend="gloo"), checks=checks,
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    print_result(result, console)
+    return console.file.getvalue().splitlines()
+
+
+def _hints_below(lines: list[str]) -> dict[int, list[str]]:
+    """The numbered paragraphs between the table's last border and the verdict: number -> its lines."""
+    below = lines[next(i for i, line in enumerate(lines) if line.startswith("└")) + 1 : -1]
+    paragraphs: dict[int, list[str]] = {}
+    for line in below:
+        number, _, text = line.strip().partition(" ")
+        if number.isdigit():
+            paragraphs[int(number)] = [text]
+        else:
+            paragraphs[max(paragraphs)].append(line.strip())
+    return paragraphs
+
+
+def test_at_80_columns_the_hints_stand_below_the_table_a_paragraph_each():
+    lines = _console_text(80)
+    assert max(len(line) for line in lines) <= 80
+    assert "why / what to do" not in "\n".join(lines)
+    # each row with a hint carries its number, worst first
+    assert any(line.startswith("│ FAIL 1 ") and "membw.h2d_gbps" in line for line in lines), lines
+    assert any(line.startswith("│ WARN 2 ") and "outliers.matmul_pct" in line for line in lines), lines
+    paragraphs = _hints_below(lines)
+    assert sorted(paragraphs) == [1, 2]
+    assert " ".join(paragraphs[1]) == LONG_HINT and paragraphs[2] == [SHORT_HINT]  # one line where it fits
+    for line in paragraphs[1][:-1]:  # a long hint wraps at the console's width, not a word a line
+        assert len(line) > 60, paragraphs[1]
+    assert "no hint for a PASS" not in "\n".join(lines)
+    assert lines[-1] == "FAIL (1 PASS · 1 FAIL · 1 WARN) in 1.0 s"
+
+
+def test_at_160_columns_the_hints_keep_their_column():
+    lines = _console_text(160)
+    text = "\n".join(lines)
+    assert "why / what to do" in text and max(len(line) for line in lines) <= 160
+    (warn,) = [line for line in lines if "outliers.matmul_pct" in line]
+    assert warn.startswith("│ WARN ") and SHORT_HINT in warn  # the status alone, the hint on its row
+    assert " ".join(text.replace("│", " ").split()).count("check the PCIe link") == 1
+    assert not _hints_below(lines)

@@ -1,4 +1,5 @@
-"""The shape of src/gpuval: no import cycle between its modules, and no module too long to read.
+"""The shape of src/gpuval: no import cycle between its modules, no module too long to read, and each
+outside library imported only by the layer that owns it (pynvml by gpuval.nvml, rich by report/ and cli/).
 
 A cycle makes import order matter (a name used before its module finished loading) and means two modules
 cannot be understood apart; a module past MAX_LINES mixes jobs. A data table (one long literal, read row by
@@ -15,6 +16,8 @@ PACKAGE = "gpuval"
 MAX_LINES = 500
 # Modules allowed past MAX_LINES, relative to src/: each must declare itself "a data table" in its docstring.
 DATA_TABLES = {"gpuval/finetune/catalogue_data.py"}
+# The packages that draw for people, the only importers of rich.
+UI_PACKAGES = ("gpuval.report", "gpuval.cli")
 
 
 def _module_name(path: Path) -> str:
@@ -191,16 +194,41 @@ def test_no_import_cycle_in_src():
     assert not cycles, "import cycles (imports inside functions count):\n  " + "\n  ".join(cycles)
 
 
-def test_only_the_nvml_layer_imports_pynvml():
-    """Every NVML call goes through gpuval.nvml, whose queries never raise: a module importing pynvml
-    itself would bring NVML's exceptions back."""
+def _importers(library: str) -> list[str]:
+    """The gpuval modules that import `library` or one of its modules (inside functions too)."""
     importers = []
     for module, path in _modules().items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         names = _imported_names(tree, module, path.name == "__init__.py")
-        if any(name == "pynvml" or name.startswith("pynvml.") for name in names):
+        if any(name == library or name.startswith(library + ".") for name in names):
             importers.append(module)
-    assert importers == ["gpuval.nvml"]
+    return importers
+
+
+def test_only_the_nvml_layer_imports_pynvml():
+    """Every NVML call goes through gpuval.nvml, whose queries never raise: a module importing pynvml
+    itself would bring NVML's exceptions back."""
+    assert _importers("pynvml") == ["gpuval.nvml"]
+
+
+def _in_ui_layer(module: str) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in UI_PACKAGES)
+
+
+def test_only_the_report_and_cli_layers_import_rich():
+    """Rendering for people lives in gpuval.report and gpuval.cli; every other module returns data (the
+    way nvitop's api/ knows nothing of its UI), so it can be used, and tested, without a terminal."""
+    importers = _importers("rich")
+    assert "gpuval.report.console" in importers and "gpuval.cli.options" in importers  # the test sees them
+    outside = [module for module in importers if not _in_ui_layer(module)]
+    assert not outside, "rich imported outside report/ and cli/ (return data, draw it there):\n  " + (
+        "\n  ".join(outside)
+    )
+
+
+def test_the_ui_layer_check_tells_a_package_from_a_name_that_starts_alike():
+    assert _in_ui_layer("gpuval.report") and _in_ui_layer("gpuval.cli.monitor")
+    assert not _in_ui_layer("gpuval.reporting") and not _in_ui_layer("gpuval.monitor")
 
 
 def test_no_module_over_the_line_limit_except_declared_data_tables():

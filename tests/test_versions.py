@@ -47,5 +47,22 @@ def test_ci_runs_the_suite_on_one_end_and_the_multi_rank_tests_on_the_lowest() -
         assert TORCH_LOWEST <= parse(version) < TORCH_BELOW
 
 
+def test_the_readme_setup_makes_the_venv_then_puts_ci_s_torch_in_it_as_the_cpu_build() -> None:
+    """The setup once said to install torch "before the line above", the line that makes the venv, and the
+    bare pin took a CUDA build wherever no CPU wheel lay on disk (issue 36): now the venv comes first, then
+    the torch CI runs, from PyTorch's CPU index as pytorch.org writes it, then gpuval."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")  # continued lines joined
+    (setup,) = [line for line in block.splitlines() if line.startswith("python3 -m venv .venv")]
+    steps = [step.strip() for step in setup.split("#")[0].split("&&")]
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    (pinned,) = re.findall(r"pip install -q (torch==\S+)$", ci, re.M)
+    assert steps[:3] == [
+        "python3 -m venv .venv",
+        f".venv/bin/pip install {pinned} --index-url https://download.pytorch.org/whl/cpu",
+        ".venv/bin/pip install -e '.[dev,finetune]'",
+    ]
+
+
 def test_the_range_reads_as_people_write_it() -> None:
     assert supported_torch() == f"torch >= {_dotted(TORCH_LOWEST)}, < {_dotted(TORCH_BELOW)}"

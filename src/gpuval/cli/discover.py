@@ -22,7 +22,7 @@ def discover(
     """What is here: host, software, GPUs, topology, InfiniBand, storage, scheduler (one process)."""
     from gpuval.atomic import ensure_writable_dir, write_text_atomic
     from gpuval.discover import node_inventory
-    from gpuval.discover.render import paste_block, print_inventory
+    from gpuval.report.inventory import paste_block, print_inventory
 
     if output is not None:
         if output.is_dir():

@@ -197,11 +197,11 @@ def _finetune(
                         f"final loss {last.get('loss', float('nan')):.4f}; adapter {summary['adapter']}"
                     )
             if evaluate:
-                from gpuval.finetune.evaluate import render_table
+                from gpuval.report.finetune import eval_table
 
                 document = run_eval(cfg, runtime, adapter)
                 if document is not None:
-                    console.print(render_table(document))
+                    console.print(eval_table(document))
                     say(f"wrote {Path(cfg.output) / 'eval.json'}")
         return EXIT_PASS
 

@@ -25,16 +25,6 @@ from gpuval.finetune.template import IM_END, render_prompt
 
 EVAL_SCHEMA = "gpuval.finetune.eval/v1"
 HEADLINE = "exact_call_accuracy"
-# The metrics a person reads first, in the table's column order, with short headers that fit 80 columns.
-TABLE_METRICS = (
-    ("exact_call_accuracy", "exact"),
-    ("ast_accuracy", "AST"),
-    ("call_f1", "call F1"),
-    ("json_validity", "JSON ok"),
-    ("name_accuracy", "name"),
-    ("argument_exact_match", "args EM"),
-    ("argument_f1", "args F1"),
-)
 
 
 def read_split(path: str | Path, limit: int | None) -> list[dict[str, Any]]:
@@ -122,7 +112,7 @@ def evaluate_split(
     bar: Any = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Metrics and generated texts for `records`; every rank generates its strided share. `bar`: a
-    (rich Progress, task) pair that this rank's share advances."""
+    (progress bars, task) pair (gpuval.report.finetune's) that this rank's share advances."""
     prompts = [render_prompt(split_target(r)[0], tokenizer) for r in records]
     mine = list(range(runtime.rank, len(prompts), runtime.world_size))
     advance = (lambda n: bar[0].advance(bar[1], n)) if bar else (lambda n: None)
@@ -210,50 +200,10 @@ def evaluate(
 
 
 def _progress() -> Any:
-    """A bar per split and model on stderr: examples done of this rank's share, examples/s, elapsed."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
-    from rich.text import Text
+    """A bar per split and model on stderr; gpuval.report.finetune draws them."""
+    from gpuval.report.finetune import eval_progress
 
-    class ExamplesPerSecond(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            # the split's average so far: rich's own estimate needs two updates, and a small split has one
-            elapsed = task.elapsed
-            speed = task.completed / elapsed if task.completed and elapsed else None
-            return Text(f"{speed:.1f} examples/s" if speed else "- examples/s")
-
-    progress = Progress(
-        "{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        ExamplesPerSecond(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-    )
-    progress.start()
-    return progress
-
-
-def render_table(result: dict[str, Any]) -> Any:
-    """A rich Table: one row per split and model variant, the headline metrics as columns."""
-    from rich.table import Table
-
-    table = Table(
-        title="function-calling evaluation (exact = exact_call_accuracy; AST = BFCL's AST match)",
-        title_justify="left",
-        caption="args EM: expected calls matched exactly; F1s over calls made and argument slots",
-        caption_justify="left",
-    )
-    table.add_column("split")
-    table.add_column("model")
-    table.add_column("n", justify="right")
-    for _metric, header in TABLE_METRICS:
-        table.add_column(header, justify="right")
-    for split, variants in result["splits"].items():
-        for variant, metrics in variants.items():
-            cells = [_fmt(metrics.get(metric)) for metric, _header in TABLE_METRICS]
-            table.add_row(split, variant, str(metrics["examples"]), *cells)
-    return table
+    return eval_progress()
 
 
 def _fmt(value: Any) -> str:

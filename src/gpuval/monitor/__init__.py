@@ -1,26 +1,22 @@
-"""`gpuval monitor`: a live per-GPU dashboard, JSON for scripts, and a DCGM-style Prometheus exporter, all
-fed by one sampler (sample.py); the dashboard (dashboard.py) and the exporter (exporter.py) only draw."""
+"""`gpuval monitor`'s library: readings from one sampler (sample.py), published to a DCGM-style Prometheus
+exporter (exporter.py) as they come. It returns readings and draws nothing: the dashboard that shows them
+is gpuval.report.dashboard, and the command that picks how (table, live view, JSON) is gpuval.cli.monitor."""
 
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
-
-from gpuval.errors import EXIT_PASS, Interrupted
-from gpuval.monitor.dashboard import render
+from gpuval.errors import Interrupted
 from gpuval.monitor.exporter import parse_address, serve
 from gpuval.monitor.sample import Reading, Sampler
 
-__all__ = ["run_monitor"]
+__all__ = ["monitoring"]
 
 
 def _readings(
@@ -38,27 +34,24 @@ def _readings(
         yield reading
 
 
-def run_monitor(
-    once: bool,
-    json_: bool,
+@contextmanager
+def monitoring(
     interval: float,
     count: int | None,
     prometheus: str | None,
     *,
     library: Any = None,
     root: Path = Path("/"),
-    console: Console | None = None,
-) -> int:
-    """Show readings until `count` of them (one with `once`) or Ctrl-C; exit 0 either way.
+) -> Iterator[Iterator[Reading]]:
+    """The readings, until `count` of them (endless when None) or Ctrl-C, which ends them quietly: Ctrl-C
+    (or a service manager's SIGTERM) is how a live monitor is meant to end.
 
-    A rate (CPU %, NVLink, InfiniBand) needs two readings, so every reading shown is the second of a pair:
-    the monitor reads once, waits `interval` and shows the next; `--once` takes `interval` seconds.
-    Where stdout is no terminal and --prometheus is given, only the exporter speaks (a service's log stays
-    quiet). `library` and `root` are for tests: recorded NVML answers, a fake /proc and /sys.
+    A rate (CPU %, NVLink, InfiniBand) needs two readings, so every reading given is the second of a pair:
+    the first comes `interval` seconds after the start. With `prometheus` (HOST:PORT) each reading is also
+    served as metrics from the moment it is taken. The exporter and NVML are closed on the way out.
+    `library` and `root` are for tests: recorded NVML answers, a fake /proc and /sys.
     """
     address = parse_address(prometheus) if prometheus is not None else None
-    # As the CLI's own console: a pipe gets a log-friendly width unless COLUMNS says otherwise.
-    console = console or Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 150)
     latest: dict[str, Reading] = {}
     sampler = Sampler(library, root)
     server = None
@@ -68,23 +61,11 @@ def run_monitor(
             host, port = server.server_address[:2]
             shown_host = f"[{host}]" if ":" in host else host
             print(f"serving metrics at http://{shown_host}:{port}/metrics", file=sys.stderr, flush=True)
-        readings = _readings(sampler, interval, 1 if once else count, lambda r: latest.update(reading=r))
-        if json_:
-            for reading in readings:
-                print(json.dumps(reading.to_json(), indent=2 if once else None), flush=True)
-        elif once or not console.is_terminal:
-            for reading in readings:
-                if address is None or once:
-                    console.print(render(reading))
-        else:
-            with Live(console=console, auto_refresh=False) as live:
-                for reading in readings:
-                    live.update(render(reading), refresh=True)
+        yield _readings(sampler, interval, count, lambda r: latest.update(reading=r))
     except (KeyboardInterrupt, Interrupted):
-        pass  # Ctrl-C (or a service manager's SIGTERM) is how a live monitor is meant to end: exit 0
+        pass
     finally:
         if server is not None:
             server.shutdown()
             server.server_close()
         sampler.close()
-    return EXIT_PASS

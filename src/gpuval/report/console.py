@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement as Span  # gpuval.results has a Measurement of its own
 from rich.table import Table
+from rich.text import Text
 
 from gpuval import metrics
 from gpuval.checks import gap_to_median_pct
-from gpuval.results import Measurement, Result, Status
+from gpuval.results import Check, Measurement, Result, Status
 from gpuval.units import format_bytes
 
 STYLE = {
@@ -25,31 +27,29 @@ STYLE = {
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 
 
+# A hint column narrower than this wraps a word or two a line (7 characters at 80 columns): the hints go
+# below the table instead, numbered from the status cell, each a paragraph the console's width.
+HINT_COLUMN_MIN_WIDTH = 40
+
+
 def print_result(result: Result, console: Console, title: str | None = None) -> None:
-    """The checks, worst first, and the verdict; `title` defaults to the accept run's world."""
-    table = Table(  # names and details come from profiles, nodes and files: never rich markup
-        title=escape(
-            title
-            or f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
-            f"{result.world.nodes} node(s) · {result.world.backend}"
-        ),
-        title_justify="left",
+    """The checks, worst first, and the verdict; `title` defaults to the accept run's world. Each check
+    not PASS says why and what to do: in a column where the console is wide enough, else below the table."""
+    heading = escape(  # names and details come from profiles, nodes and files: never rich markup
+        title
+        or f"gpuval accept · profile {result.profile} · {result.world.size} ranks on "
+        f"{result.world.nodes} node(s) · {result.world.backend}"
     )
-    for column in ("status", "check", "scope"):
-        table.add_column(column, no_wrap=True)
-    for column in ("value", "bound", "why / what to do"):
-        table.add_column(column, overflow="fold")
-    for check in sorted(result.checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
-        value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
-        table.add_row(
-            f"[{STYLE[check.status]}]{check.status.value}[/]",
-            escape(check.name),
-            escape(check.scope),
-            escape(value),
-            escape(format_bound(check.threshold)),
-            "" if check.status is Status.PASS else escape(check.detail),  # a PASS needs no explanation
-        )
-    console.print(table)
+    checks = sorted(result.checks, key=lambda c: (_ORDER[c.status], c.name, c.scope))
+    hints = ["" if check.status is Status.PASS else check.detail for check in checks]  # a PASS needs none
+    bare = _check_table(heading, checks, hints=None)
+    room = console.width - Span.get(console, console.options, bare).maximum - 3  # "│" and padding
+    if room >= HINT_COLUMN_MIN_WIDTH or not any(hints):
+        console.print(_check_table(heading, checks, hints))
+    else:
+        numbers = _numbered(hints)
+        console.print(_check_table(heading, checks, hints=None, numbers=numbers))
+        console.print(_hint_list(hints, numbers))
     counts = defaultdict(int)
     for check in result.checks:
         counts[check.status] += 1
@@ -57,6 +57,51 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
     console.print(
         f"[{STYLE[result.verdict]}]{result.verdict.value}[/] ({summary}) in {result.duration_s:.1f} s"
     )
+
+
+def _check_table(
+    heading: str, checks: list[Check], hints: list[str] | None, numbers: list[int | None] | None = None
+) -> Table:
+    """A row per check; the hints as the last column when given; `numbers` after the status, where each
+    row's hint stands below the table."""
+    table = Table(title=heading, title_justify="left")
+    for column in ("status", "check", "scope"):
+        table.add_column(column, no_wrap=True)
+    for column in ("value", "bound", *(("why / what to do",) if hints is not None else ())):
+        table.add_column(column, overflow="fold")
+    for row, check in enumerate(checks):
+        value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
+        number = numbers[row] if numbers else None
+        table.add_row(
+            f"[{STYLE[check.status]}]{check.status.value}[/]" + (f" {number}" if number else ""),
+            escape(check.name),
+            escape(check.scope),
+            escape(value),
+            escape(format_bound(check.threshold)),
+            *((escape(hints[row]),) if hints is not None else ()),
+        )
+    return table
+
+
+def _numbered(hints: list[str]) -> list[int | None]:
+    """1, 2, … for the rows that have a hint, in the table's order; None for the others."""
+    count = 0
+    numbers: list[int | None] = []
+    for hint in hints:
+        count += bool(hint)
+        numbers.append(count if hint else None)
+    return numbers
+
+
+def _hint_list(hints: list[str], numbers: list[int | None]) -> Table:
+    """'1  <hint>' a paragraph each, wrapped at the console's width under its own first word."""
+    listing = Table.grid(padding=(0, 1))
+    listing.add_column(justify="right", no_wrap=True)
+    listing.add_column(overflow="fold")
+    for hint, number in zip(hints, numbers, strict=True):
+        if number is not None:
+            listing.add_row(str(number), Text(hint))
+    return listing
 
 
 def format_bound(threshold: dict) -> str:
