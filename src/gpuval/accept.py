@@ -22,7 +22,8 @@ from gpuval.health.arrivals import ArrivalWatch, annotate, arrival_checks, arriv
 from gpuval.health.processes import level_of
 from gpuval.health.run import families
 from gpuval.remeasure import remeasure_noisy
-from gpuval.results import Check, Result, Status, node_of, verdict
+from gpuval.results import Check, Result, Status, verdict
+from gpuval.scope import Scope, node_of
 
 # The health phase's expected seconds (its deadline adds gpuval.deadline's margin): no sizes to derive it
 # from, so a fixed allowance for NVML and kernel-log reads, the SDC fingerprints' multiplies and the checks
@@ -105,7 +106,9 @@ def _stranded_reason(stranded: dict[str, str], checks: list[Check]) -> tuple[str
         bad = [c for c in checks if node_of(c.scope) == node and c.status in (Status.FAIL, Status.ERROR)]
         cause = next((c for c in bad if c.name in _VISIBILITY), bad[0] if bad else None)
         if cause is None:
-            cause = Check(name="cuda.visible", status=Status.FAIL, scope=f"node:{node}", detail=problem)
+            cause = Check(
+                name="cuda.visible", status=Status.FAIL, scope=str(Scope.of_node(node)), detail=problem
+            )
             added.append(cause)
         causes.append(f"{node}: {cause.name} {cause.status.value} on {cause.scope}")
     listed = "; ".join(causes)

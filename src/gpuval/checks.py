@@ -18,6 +18,7 @@ from gpuval.config import CountBound, Profile, Threshold
 from gpuval.metrics import Metric
 from gpuval.pairs import Suspect, attribute, describe
 from gpuval.results import Check, Measurement, Status
+from gpuval.scope import is_pair
 from gpuval.units import format_bytes
 
 # The '<measurement>.correct' check: wrong elements summed over a measurement's sizes. A check of its own,
@@ -99,7 +100,7 @@ def pair_outliers(measurements: list[Measurement], benchmark: str, metric: str) 
     groups: dict[tuple[str, Any, Any], dict[tuple[str, str], float]] = defaultdict(dict)
     for m in measurements:
         nodes, value = m.params.get("nodes"), m.metrics.get(metric)
-        if m.scope.startswith("pair:") and isinstance(nodes, list) and len(nodes) == 2 and value is not None:
+        if is_pair(m.scope) and isinstance(nodes, list) and len(nodes) == 2 and value is not None:
             measured = (m.name, m.params.get("bytes"), m.params.get("dtype"))
             groups[measured][(str(nodes[0]), str(nodes[1]))] = value
     worst: dict[str, tuple[Suspect, tuple[str, Any, Any]]] = {}

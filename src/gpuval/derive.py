@@ -43,6 +43,7 @@ from gpuval.checks import gpu_count
 from gpuval.config import HAND_SET, CountBound, Profile, Threshold, resolve_profile_path, validate_model
 from gpuval.errors import UsageError
 from gpuval.results import BENCH_SCHEMA_ID, SCHEMA_ID, BenchDocument, Measurement, Result, Status
+from gpuval.scope import is_pair
 
 DEFAULT_K = 3.0
 DEFAULT_MIN_RUNS = 3
@@ -119,7 +120,7 @@ def _values(name: str, threshold: Threshold, runs: list[Run]) -> dict[int | None
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in run.skip):
             continue
         for m in run.measurements:
-            if m.name != target or m.scope.startswith("pair:"):  # a pair of nodes is not the whole measured
+            if m.name != target or is_pair(m.scope):  # a pair of nodes is not the whole measured
                 continue
             if threshold.bytes is not None and m.params.get("bytes") != threshold.bytes:
                 continue

@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+from gpuval.scope import Scope
+
 T = TypeVar("T")
 Pair = tuple[str, str]
 
@@ -58,7 +60,7 @@ def round_robin(entrants: Sequence[T]) -> list[list[tuple[T, T]]]:
 
 def pair_scope(a: str, b: str) -> str:
     """The scope of a measurement made across nodes a and b."""
-    return f"pair:{a}+{b}"
+    return str(Scope.pair(a, b))
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Suspect:
 
     @property
     def scope(self) -> str:
-        return f"node:{self.nodes[0]}" if self.kind == "node" else pair_scope(*self.nodes)
+        return str(Scope.of_node(self.nodes[0])) if self.kind == "node" else pair_scope(*self.nodes)
 
 
 def _gap_pct(value: float, reference: float) -> float:

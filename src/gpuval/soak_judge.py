@@ -21,6 +21,7 @@ from typing import Any
 
 from gpuval import metrics
 from gpuval.results import Check, Result, Status
+from gpuval.scope import Scope
 
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 _BAD = (Status.FAIL, Status.ERROR, Status.WARN)
@@ -255,7 +256,7 @@ def _gpu_counters(result: Result) -> dict[tuple[Counter, str], float | None]:
         for gpu in node.get("gpus") or []:
             if not isinstance(gpu, dict) or "index" not in gpu:
                 continue
-            scope = f"gpu:{node.get('node')}/{gpu['index']}"
+            scope = str(Scope.gpu(node.get("node"), gpu["index"]))
             for counter in COUNTERS:
                 found[(counter, scope)] = _number(gpu.get(counter.field))
             links = [link for link in gpu.get("nvlinks") or [] if isinstance(link, dict)]
@@ -288,7 +289,7 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
             readings.setdefault(key, [None] * len(iterations))[k] = value
     nodes: dict[str, list[str]] = {}
     for (counter, scope), series in readings.items():
-        node = scope.split(":", 1)[1].split("/", 1)[0]
+        node = Scope.parse(scope).node
         if all(value is None for value in series):
             continue
         nodes.setdefault(node, [])
@@ -321,7 +322,7 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
                 Check(
                     name="soak.counters",
                     status=Status.PASS,
-                    scope=f"node:{node}",
+                    scope=str(Scope.of_node(node)),
                     detail=f"no error counter grew over {len(iterations)} iterations (ECC, remapped rows, "
                     "retired pages, PCIe replays, NVLink errors)",
                 ),
