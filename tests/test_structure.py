@@ -20,6 +20,9 @@ DATA_TABLES = {"gpuval/finetune/catalogue_data.py"}
 SCOPE_MODULE = "gpuval/scope.py"
 # issue 36's grep: a scope string written out, or split on its separators
 _SCOPE_GREP = re.compile(r'"(gpu|node|link):|f"(gpu|node|link):|split\("[:/]"\)')
+# Derived measurements are named only by their own modules (gpuval.derived), never tested for elsewhere.
+DERIVED_PACKAGE = "gpuval/derived/"
+_DERIVED_NAMES = {"outliers", "correct"}
 # a string literal (or an f-string's first piece) that begins a scope of any kind
 _SCOPE_LITERAL = re.compile(r"(gpu|node|link|cpu|pair):")
 
@@ -264,6 +267,20 @@ def test_scope_strings_are_built_and_split_only_in_the_scope_module():
     assert not found, "scope strings built or split outside gpuval/scope.py (use Scope):\n  " + "\n  ".join(
         sorted(set(found))
     )
+
+
+def test_derived_measurements_are_named_only_in_their_own_modules():
+    """'outliers' and 'correct' are declared, computed and explained in gpuval/derived/: code elsewhere asks
+    its registry (gpuval.derived.get) what a measurement is instead of testing for a name."""
+    found = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        if relative.startswith(DERIVED_PACKAGE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in _DERIVED_NAMES:
+                found.append(f"{relative}:{node.lineno}: {node.value!r}")
+    assert not found, "derived measurements named outside gpuval/derived/:\n  " + "\n  ".join(found)
 
 
 def test_the_scope_rule_sees_builders_and_splitters():

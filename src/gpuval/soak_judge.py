@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuval import metrics
+from gpuval import derived, metrics
+from gpuval.checkref import CheckRef
 from gpuval.results import Check, Result, Status
 from gpuval.scope import Scope
 
@@ -107,6 +108,12 @@ class Judged:
             self.first_bad[key] = first
 
 
+def _hint(check_name: str) -> str:
+    """What to look at when the figure of check `check_name` ('<measurement>.<metric>') gets worse."""
+    ref = CheckRef.parse(check_name)
+    return metrics.hint(ref.measurement, ref.metric)
+
+
 def _keyed(result: Result) -> dict[tuple[str, str, int], Check]:
     """The checks of one iteration by (name, scope, n): n tells apart two findings of one check on one
     scope (two XIDs on a node)."""
@@ -189,7 +196,8 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             metric = metrics.of_check(check.name)
             if check.value is None or metric is None or metric.direction == 0:
                 continue
-            if check.name.startswith(f"{metrics.OUTLIERS.name}."):
+            ref = CheckRef.read(check.name)
+            if ref is not None and derived.get(ref.measurement) is not None:  # peers compared, not a figure
                 continue
             series = values.setdefault((check.name, check.scope), [None] * len(iterations))
             series[k] = check.value
@@ -222,7 +230,7 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             detail = (
                 f"worse than {base} by more than {tolerance_pct:g}% first in iteration {over[0]} "
                 f"({first_said}, {worse[over[0]]:.1f}% {direction}); worst {said} in iteration {shown_at}: "
-                f"{metrics.hint(*name.split('.', 1))}"
+                f"{_hint(name)}"
             )
         else:
             detail = (

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuval import nvml
+from gpuval import derived, nvml
+from gpuval.checkref import CheckRef
 from gpuval.health._common import gpu_scope
 from gpuval.health.processes import OPT_OUT, describe
 from gpuval.nvml import NvmlSnapshot, available
@@ -193,8 +194,10 @@ def _benchmark_of(name: str, producers: dict[str, str]) -> str:
     target, _, rest = name.partition(".")
     if target == "drift":
         return _benchmark_of(rest, producers)
-    if target == "outliers":
-        return rest.removesuffix("_pct")
+    ref = CheckRef.read(name)
+    kind = derived.get(ref.measurement) if ref is not None else None
+    if ref is not None and kind is not None:
+        return kind.source(ref) or target
     return producers.get(target, target)
 
 
