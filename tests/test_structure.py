@@ -9,6 +9,7 @@ row) is exempt from the limit when it is named in DATA_TABLES and its docstring 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -18,6 +19,15 @@ MAX_LINES = 500
 DATA_TABLES = {"gpuval/finetune/catalogue_data.py"}
 # The packages that draw for people, the only importers of rich.
 UI_PACKAGES = ("gpuval.report", "gpuval.cli")
+# The one module that builds scope strings ('gpu:NODE/INDEX', ...) and splits them apart (gpuval.scope.Scope).
+SCOPE_MODULE = "gpuval/scope.py"
+# issue 36's grep: a scope string written out, or split on its separators
+_SCOPE_GREP = re.compile(r'"(gpu|node|link):|f"(gpu|node|link):|split\("[:/]"\)')
+# Derived measurements are named only by their own modules (gpuval.derived), never tested for elsewhere.
+DERIVED_PACKAGE = "gpuval/derived/"
+_DERIVED_NAMES = {"outliers", "correct"}
+# a string literal (or an f-string's first piece) that begins a scope of any kind
+_SCOPE_LITERAL = re.compile(r"(gpu|node|link|cpu|pair):")
 
 
 def _module_name(path: Path) -> str:
@@ -247,3 +257,63 @@ def test_every_declared_data_table_exists_and_says_it_is_one():
         assert path.is_file(), f"DATA_TABLES names {relative}, which is not there"
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         assert "a data table" in docstring.lower(), f"{relative}'s docstring does not declare a data table"
+
+
+def _scope_literals(tree: ast.AST) -> list[int]:
+    """Lines of string literals, docstrings aside, that begin a scope: 'gpu:', f"node:{name}", 'pair:'."""
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    return sorted(
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and _SCOPE_LITERAL.match(node.value)
+    )
+
+
+def test_scope_strings_are_built_and_split_only_in_the_scope_module():
+    """A scope is built with gpuval.scope.Scope and read back with Scope.parse (or its lenient readers):
+    a module writing 'gpu:{node}/{index}' itself, or splitting a scope on ':' and '/', would let the stored
+    shape drift apart from the one every reader expects."""
+    found = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        if relative == SCOPE_MODULE:
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        found += [
+            f"{relative}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if _SCOPE_GREP.search(line)
+        ]
+        found += [f"{relative}:{n}: {lines[n - 1].strip()}" for n in _scope_literals(ast.parse(text))]
+    assert not found, "scope strings built or split outside gpuval/scope.py (use Scope):\n  " + "\n  ".join(
+        sorted(set(found))
+    )
+
+
+def test_derived_measurements_are_named_only_in_their_own_modules():
+    """'outliers' and 'correct' are declared, computed and explained in gpuval/derived/: code elsewhere asks
+    its registry (gpuval.derived.get) what a measurement is instead of testing for a name."""
+    found = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        if relative.startswith(DERIVED_PACKAGE):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in _DERIVED_NAMES:
+                found.append(f"{relative}:{node.lineno}: {node.value!r}")
+    assert not found, "derived measurements named outside gpuval/derived/:\n  " + "\n  ".join(found)
+
+
+def test_the_scope_rule_sees_builders_and_splitters():
+    tree = ast.parse('"""gpu:n1/0 in a docstring"""\nx = f"gpu:{node}/{i}"\ny = "pair:" + a\nz = "cluster"\n')
+    assert _scope_literals(tree) == [2, 3]
+    assert _SCOPE_GREP.search('scope.split(":", 1)[1].split("/")[0]')
+    assert _SCOPE_GREP.search('scope=f"node:{name}"')
+    assert not _SCOPE_GREP.search('version.split("+")')

@@ -11,10 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from gpuval import __version__
+from gpuval import __version__, derived
 from gpuval.bench.registry import all_benchmarks
+from gpuval.bench.registry import producers as benchmark_producers
 from gpuval.bench.run import Outcome, run_benchmarks
-from gpuval.checks import correctness_checks, outlier_measurements, threshold_checks
+from gpuval.checkref import CheckRef
+from gpuval.checks import threshold_checks
 from gpuval.config import Profile
 from gpuval.deadline import phase
 from gpuval.discover import node_inventory
@@ -22,7 +24,8 @@ from gpuval.health.arrivals import ArrivalWatch, annotate, arrival_checks, arriv
 from gpuval.health.processes import level_of
 from gpuval.health.run import families
 from gpuval.remeasure import remeasure_noisy
-from gpuval.results import Check, Result, Status, node_of, verdict
+from gpuval.results import Check, Result, Status, verdict
+from gpuval.scope import Scope, node_of
 
 # The health phase's expected seconds (its deadline adds gpuval.deadline's margin): no sizes to derive it
 # from, so a fixed allowance for NVML and kernel-log reads, the SDC fingerprints' multiplies and the checks
@@ -105,7 +108,9 @@ def _stranded_reason(stranded: dict[str, str], checks: list[Check]) -> tuple[str
         bad = [c for c in checks if node_of(c.scope) == node and c.status in (Status.FAIL, Status.ERROR)]
         cause = next((c for c in bad if c.name in _VISIBILITY), bad[0] if bad else None)
         if cause is None:
-            cause = Check(name="cuda.visible", status=Status.FAIL, scope=f"node:{node}", detail=problem)
+            cause = Check(
+                name="cuda.visible", status=Status.FAIL, scope=str(Scope.of_node(node)), detail=problem
+            )
             added.append(cause)
         causes.append(f"{node}: {cause.name} {cause.status.value} on {cause.scope}")
     listed = "; ".join(causes)
@@ -229,12 +234,12 @@ def run_accept(
     blamed = _blame_failed_nodes(outcome, failed)
 
     benchmarks = all_benchmarks()
-    producers = {produced: name for name, bench in benchmarks.items() for produced in bench.produces}
-    outliers = {name: benchmarks[name].outlier_metrics for name in plan if benchmarks[name].outlier_metrics}
-    measurements = outcome.measurements + outlier_measurements(outcome.measurements, outliers)
+    producers = benchmark_producers()
+    ran = {name: benchmarks[name] for name in plan}
+    measurements = outcome.measurements + derived.derive(outcome.measurements, ran)
     bench_checks = threshold_checks(profile, measurements, outcome.not_run, producers, gpus_per_node)
-    bench_checks += correctness_checks(measurements)
-    covered = {producers.get(c.name.split(".")[0]) for c in bench_checks}
+    bench_checks += derived.derived_checks(measurements)
+    covered = {producers.get(ref.measurement) for c in bench_checks if (ref := CheckRef.read(c.name))}
     for name, (status, reason) in outcome.not_run.items():
         if (status is Status.ERROR or name in blamed) and name not in covered:
             bench_checks.append(Check(name=f"{name}.run", status=status, detail=reason))
@@ -328,10 +333,7 @@ def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
         return result
     arrived = arrivals_of([result.inventory.get("arrived_processes")])
     if arrived:  # a figure measured beside a program that arrived mid-run says so in its drift check too
-        producers = {
-            produced: name for name, bench in all_benchmarks().items() for produced in bench.produces
-        }
-        drift = annotate(drift, arrived, producers)
+        drift = annotate(drift, arrived, benchmark_producers())
     checks = result.checks + drift
     return result.model_copy(update={"checks": checks, "verdict": verdict(checks)})
 

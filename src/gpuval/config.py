@@ -19,12 +19,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from gpuval.checkref import CheckRef
 from gpuval.errors import UsageError
 from gpuval.units import parse_bytes
 
@@ -195,13 +197,27 @@ class Profile(_Strict):
         default_factory=dict, description="options per benchmark; listing one runs it even with no check"
     )
 
+    # every check's name and size parsed once, when the profile is validated (check_refs)
+    _refs: dict[str, CheckRef] = PrivateAttr(default_factory=dict)
+
     @field_validator("checks")
     @classmethod
     def _check_names(cls, checks: dict[str, Threshold]) -> dict[str, Threshold]:
         for key in checks:
-            if not re.fullmatch(r"[a-z0-9_]+\.[a-z0-9_]+", key):
-                raise ValueError(f"check name '{key}' must look like '<measurement>.<metric>'")
+            CheckRef.parse(key)
         return checks
+
+    @model_validator(mode="after")
+    def _parse_refs(self) -> Profile:
+        self._refs = {name: CheckRef.parse(name, threshold.bytes) for name, threshold in self.checks.items()}
+        return self
+
+    def check_refs(self) -> list[tuple[CheckRef, Threshold]]:
+        """Every check as (its reference, its threshold), in the profile's order."""
+        return [
+            (self._refs.get(name) or CheckRef.parse(name, threshold.bytes), threshold)
+            for name, threshold in self.checks.items()
+        ]
 
 
 def profile_dir() -> Path:

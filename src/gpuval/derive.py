@@ -39,10 +39,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuval import metrics
+from gpuval.checkref import CheckRef
 from gpuval.checks import gpu_count
 from gpuval.config import HAND_SET, CountBound, Profile, Threshold, resolve_profile_path, validate_model
 from gpuval.errors import UsageError
 from gpuval.results import BENCH_SCHEMA_ID, SCHEMA_ID, BenchDocument, Measurement, Result, Status
+from gpuval.scope import is_pair
 
 DEFAULT_K = 3.0
 DEFAULT_MIN_RUNS = 3
@@ -112,18 +114,16 @@ def load_run(path: Path, label: str | None = None, skip: frozenset[str] = frozen
 
 def _values(name: str, threshold: Threshold, runs: list[Run]) -> dict[int | None, list[tuple[float, Run]]]:
     """The check's clean values by group: GPU count where the measurement is bounded per count, else None."""
-    target, metric = name.split(".", 1)
-    per_count = metrics.by_gpu_count(target)
+    ref = CheckRef.parse(name, threshold.bytes)
+    per_count = metrics.by_gpu_count(ref.measurement)
     groups: dict[int | None, list[tuple[float, Run]]] = {}
     for run in runs:
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in run.skip):
             continue
         for m in run.measurements:
-            if m.name != target or m.scope.startswith("pair:"):  # a pair of nodes is not the whole measured
+            if not ref.selects(m) or is_pair(m.scope):  # a pair of nodes is not the whole measured
                 continue
-            if threshold.bytes is not None and m.params.get("bytes") != threshold.bytes:
-                continue
-            value = m.metrics.get(metric)
+            value = m.metrics.get(ref.metric)
             if value is None or not math.isfinite(value):
                 continue
             groups.setdefault(gpu_count(m, run.gpus_per_node) if per_count else None, []).append((value, run))
@@ -199,15 +199,15 @@ def derive_check(
 ) -> Threshold:
     """The check's threshold derived from `runs`, over the base's `threshold` (its size, level, and the
     bounds it keeps where runs are too few)."""
-    target, metric = name.split(".", 1)
-    direction = metrics.direction(target, metric)
+    ref = CheckRef.parse(name, threshold.bytes)
+    direction = metrics.direction(ref.measurement, ref.metric)
     groups = _values(name, threshold, runs)
     kept = {"bytes": threshold.bytes, "level": threshold.level}
     if direction == 0:
         if _hand_set(threshold.source):
             return threshold
         raise UsageError(f"{name}: neither higher nor lower is better: not derivable; set it by hand")
-    if not metrics.by_gpu_count(target):
+    if not metrics.by_gpu_count(ref.measurement):
         found = groups.get(None, [])
         if len(_labels(found)) >= rule.min_runs:
             bound = _bound(found, direction, rule)

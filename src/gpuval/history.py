@@ -26,7 +26,8 @@ from typing import Any
 
 from gpuval import metrics
 from gpuval.errors import UsageError
-from gpuval.results import Check, Result, Status, node_of
+from gpuval.results import Check, Result, Status
+from gpuval.scope import Scope, node_of
 
 # PRAGMA user_version. 1 (a file from before versions: user_version 0): values keyed by node and scope;
 # 2: values_.gpu_uuid added, NULL on every older row (those stay keyed by node and scope).
@@ -160,7 +161,7 @@ def gpu_uuids(result: Result) -> dict[str, str]:
             index, uuid = (gpu.get("index"), gpu.get("uuid")) if isinstance(gpu, dict) else (None, None)
             if isinstance(index, int) and not isinstance(index, bool) and isinstance(uuid, str) and uuid:
                 # torch spells CUDA's UUID without NVML's prefix (inventories without NVML)
-                found[f"gpu:{node.get('node')}/{index}"] = (
+                found[str(Scope.gpu(node.get("node"), index))] = (
                     uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
                 )
     return found

@@ -7,8 +7,8 @@ unit) or visibly undeclared: `find` answers None, `metric` raises, and `undeclar
 a result that no declaration covers (a test holds it empty for everything gpuval produces).
 
 Declarations live beside their producer: a benchmark passes its `MeasurementDecl`s to
-`register(Benchmark(..., metrics=...))`; the one derived measurement ('outliers', made by checks.py from
-the benchmarks' own metrics) is declared here. Lookups load the benchmark package first, so a reader of an
+`register(Benchmark(..., metrics=...))`; a derived measurement ('outliers', made from the benchmarks' own
+metrics) passes its own to gpuval.derived's registry. Lookups load both packages first, so a reader of an
 old result.json needs no benchmark to have run.
 
 A metric `<key>_min` / `<key>_max` is the spread (slowest and fastest window) of `<key>`: it shares the
@@ -22,6 +22,7 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuval.checkref import CheckRef
 from gpuval.results import Measurement
 
 SPREAD_SUFFIXES = ("_min", "_max")
@@ -111,23 +112,15 @@ class UndeclaredMetric(KeyError):
     """A metric that no declaration covers."""
 
 
-# The one measurement no benchmark emits: checks.py derives it from every benchmark's `outlier_metrics`
-# (the slowest GPU or link against the median of its peers), so it is declared with the declarations.
-OUTLIERS = MeasurementDecl(
-    "outliers",
-    # one metric per compared benchmark: '<benchmark>_pct'
-    (Metric("*_pct", "%", -1, description="slowest GPU or link below the median of its peers"),),
-    identity=("benchmark", "metric"),
-)
-
-
 def _load() -> dict[str, MeasurementDecl]:
     """Every declaration: each registered benchmark's (the registry loads the benchmark package, and
-    refuses a measurement name two benchmarks both emit) and OUTLIERS. Read on every lookup, so a
-    benchmark registered later (a plugin, a test's toy one) is judged, compared and rendered at once."""
+    refuses a measurement name two benchmarks both emit) and each derived measurement's (gpuval.derived).
+    Read on every lookup, so a benchmark registered later (a plugin, a test's toy one) is judged, compared
+    and rendered at once."""
+    from gpuval import derived
     from gpuval.bench.registry import all_benchmarks
 
-    found = {OUTLIERS.name: OUTLIERS}
+    found = {decl.name: decl for decl in derived.declarations()}
     for benchmark in all_benchmarks().values():
         found.update((decl.name, decl) for decl in benchmark.metrics)
     return found
@@ -172,8 +165,8 @@ def direction(name: str, key: str) -> int:
 
 def of_check(check_name: str) -> Metric | None:
     """The metric a check '<measurement>.<metric>' judges; None for a health check or anything undeclared."""
-    name, _, key = check_name.partition(".")
-    return find(name, key) if key else None
+    ref = CheckRef.read(check_name)
+    return find(ref.measurement, ref.metric) if ref is not None else None
 
 
 def noisy(name: str, key: str) -> bool:

@@ -1,6 +1,6 @@
 """Pairs of nodes: which pairs run together (a round-robin schedule), and which node or link the pairs'
-figures blame. Pure functions, no torch: the collectives benchmark runs the schedule, checks.py judges the
-attribution.
+figures blame. Pure functions, no torch: the collectives benchmark runs the schedule, gpuval.derived.outliers
+turns the attribution into 'outliers' measurements that checks.py judges.
 
 Schedule: the circle method of round-robin tournaments (one entrant fixed, the others rotated one place
 per round; an odd count adds a "bye"). N nodes meet in N-1 rounds (N rounds for odd N, each node idle
@@ -8,7 +8,7 @@ once), every pair exactly once, and the pairs of a round share no node, so they 
 
 Attribution, from one figure per pair (busbw, higher is better), with no bound of its own: each suspect
 gets a gap, how far it sits below what its peers reach, in % (0 when it is not below), and the check's
-bound (checks.py) decides.
+bound (outliers.collectives_pct) decides.
 - node X: its *fastest* pair against the median of the pairs without X. Every pair of a slow node is
   slow, so even its fastest one is far below; a node with one slow link still has fast pairs.
 - link A+B: the pair against the lower of A's and B's medians with their other nodes. A slow link sits
@@ -28,6 +28,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
+
+from gpuval.scope import Scope
 
 T = TypeVar("T")
 Pair = tuple[str, str]
@@ -58,7 +60,7 @@ def round_robin(entrants: Sequence[T]) -> list[list[tuple[T, T]]]:
 
 def pair_scope(a: str, b: str) -> str:
     """The scope of a measurement made across nodes a and b."""
-    return f"pair:{a}+{b}"
+    return str(Scope.pair(a, b))
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class Suspect:
 
     @property
     def scope(self) -> str:
-        return f"node:{self.nodes[0]}" if self.kind == "node" else pair_scope(*self.nodes)
+        return str(Scope.of_node(self.nodes[0])) if self.kind == "node" else pair_scope(*self.nodes)
 
 
 def _gap_pct(value: float, reference: float) -> float:

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuval import metrics
-from gpuval.bench.registry import all_benchmarks
+from gpuval.bench.registry import producers as benchmark_producers
 from gpuval.bench.run import Outcome, run_benchmarks
+from gpuval.checkref import CheckRef
 from gpuval.checks import threshold_checks
 from gpuval.config import Profile
 from gpuval.metrics import SPREAD_SUFFIXES
@@ -28,9 +29,15 @@ def noisy_failures(
     """The benchmarks whose noisy metric's check FAILs on the measurements so far, in the order found."""
     found: list[str] = []
     for check in threshold_checks(profile, outcome.measurements, outcome.not_run, producers, gpus_per_node):
-        target, _, key = check.name.partition(".")
-        source = producers.get(target)
-        if check.status is Status.FAIL and metrics.noisy(target, key) and source and source not in found:
+        ref = CheckRef.read(check.name)
+        source = producers.get(ref.measurement) if ref else None
+        if (
+            check.status is Status.FAIL
+            and ref
+            and metrics.noisy(ref.measurement, ref.metric)
+            and source
+            and source not in found
+        ):
             found.append(source)
     return found
 
@@ -78,9 +85,9 @@ def remeasure_noisy(
     """Run on every rank after the benchmarks: measures again, once, each benchmark with a noisy metric
     whose check would FAIL (rank 0 decides, every rank runs it), and keeps the better values in
     `outcome`. Returns the benchmarks measured again."""
-    benchmarks = all_benchmarks()
-    producers = {produced: name for name, bench in benchmarks.items() for produced in bench.produces}
-    decided = noisy_failures(profile, outcome, producers, gpus_per_node) if runtime.is_main else None
+    decided = (
+        noisy_failures(profile, outcome, benchmark_producers(), gpus_per_node) if runtime.is_main else None
+    )
     again = [name for name in runtime.all_gather_object(decided)[0] if name in plan]
     if not again:
         return []

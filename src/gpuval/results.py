@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 
 class Measurement(_Strict):
     name: str = Field(description="benchmark item, e.g. 'all_reduce' or 'matmul'")
-    scope: str = Field(description="cluster | node:NAME | gpu:NODE/INDEX | link:NODE/A-B")
+    scope: str = Field(description="cluster | node:NAME | gpu:NODE/INDEX | link:NODE/A-B")  # gpuval.scope
     params: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, float | None] = Field(default_factory=dict, description="unit in each key: busbw_gbps")
     samples: int = Field(0, description="timed repetitions behind the metrics")
@@ -139,13 +139,6 @@ def load_result(path: Path) -> Result:
             f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
             "result.json that gpuval accept or health wrote"
         ) from None
-
-
-def node_of(scope: str) -> str | None:
-    """The node a scope belongs to: 'gpu:node1/3' -> 'node1'; 'node:node1' -> 'node1'; 'cluster' -> None."""
-    if ":" not in scope:
-        return None
-    return scope.split(":", 1)[1].split("/", 1)[0]
 
 
 def verdict(checks: list[Check]) -> Status:

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from gpuval.errors import RunError
+from gpuval.scope import Scope
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -48,18 +49,23 @@ class Runtime:
         return self.device.type == "cuda"
 
     @property
+    def node_scope(self) -> str:
+        """This rank's node as a check scope: 'node:NODE'."""
+        return str(Scope.of_node(self.node_name))
+
+    @property
     def device_scope(self) -> str:
         """This rank's device as a check scope: 'gpu:NODE/INDEX' with the node's own GPU numbering (what
         nvidia-smi and gpuval health call it, also when CUDA_VISIBLE_DEVICES renumbers), 'cpu:NODE/RANK'."""
         if not self.on_gpu:
-            return f"cpu:{self.node_name}/{self.local_rank}"
+            return str(Scope.cpu(self.node_name, self.local_rank))
         visible = [
             part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()
         ]
         index = self.device.index
         if index < len(visible) and visible[index].isdigit():
             index = int(visible[index])
-        return f"gpu:{self.node_name}/{index}"
+        return str(Scope.gpu(self.node_name, index))
 
     def barrier(self) -> None:
         import torch.distributed as dist

@@ -19,8 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuval import metrics
+from gpuval import derived, metrics
+from gpuval.checkref import CheckRef
 from gpuval.results import Check, Result, Status
+from gpuval.scope import Scope
 
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
 _BAD = (Status.FAIL, Status.ERROR, Status.WARN)
@@ -106,6 +108,12 @@ class Judged:
             self.first_bad[key] = first
 
 
+def _hint(check_name: str) -> str:
+    """What to look at when the figure of check `check_name` ('<measurement>.<metric>') gets worse."""
+    ref = CheckRef.parse(check_name)
+    return metrics.hint(ref.measurement, ref.metric)
+
+
 def _keyed(result: Result) -> dict[tuple[str, str, int], Check]:
     """The checks of one iteration by (name, scope, n): n tells apart two findings of one check on one
     scope (two XIDs on a node)."""
@@ -188,7 +196,8 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             metric = metrics.of_check(check.name)
             if check.value is None or metric is None or metric.direction == 0:
                 continue
-            if check.name.startswith(f"{metrics.OUTLIERS.name}."):
+            ref = CheckRef.read(check.name)
+            if ref is not None and derived.get(ref.measurement) is not None:  # peers compared, not a figure
                 continue
             series = values.setdefault((check.name, check.scope), [None] * len(iterations))
             series[k] = check.value
@@ -221,7 +230,7 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             detail = (
                 f"worse than {base} by more than {tolerance_pct:g}% first in iteration {over[0]} "
                 f"({first_said}, {worse[over[0]]:.1f}% {direction}); worst {said} in iteration {shown_at}: "
-                f"{metrics.hint(*name.split('.', 1))}"
+                f"{_hint(name)}"
             )
         else:
             detail = (
@@ -255,7 +264,7 @@ def _gpu_counters(result: Result) -> dict[tuple[Counter, str], float | None]:
         for gpu in node.get("gpus") or []:
             if not isinstance(gpu, dict) or "index" not in gpu:
                 continue
-            scope = f"gpu:{node.get('node')}/{gpu['index']}"
+            scope = str(Scope.gpu(node.get("node"), gpu["index"]))
             for counter in COUNTERS:
                 found[(counter, scope)] = _number(gpu.get(counter.field))
             links = [link for link in gpu.get("nvlinks") or [] if isinstance(link, dict)]
@@ -288,7 +297,7 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
             readings.setdefault(key, [None] * len(iterations))[k] = value
     nodes: dict[str, list[str]] = {}
     for (counter, scope), series in readings.items():
-        node = scope.split(":", 1)[1].split("/", 1)[0]
+        node = Scope.parse(scope).node
         if all(value is None for value in series):
             continue
         nodes.setdefault(node, [])
@@ -321,7 +330,7 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
                 Check(
                     name="soak.counters",
                     status=Status.PASS,
-                    scope=f"node:{node}",
+                    scope=str(Scope.of_node(node)),
                     detail=f"no error counter grew over {len(iterations)} iterations (ECC, remapped rows, "
                     "retired pages, PCIe replays, NVLink errors)",
                 ),

@@ -209,10 +209,10 @@ def _header_comment(text: str) -> str:
 def _check_rows(profile: Profile, text: str) -> list[str]:
     comments = _inline_comments(text, "checks")
     rows = []
-    for name, threshold in profile.checks.items():
-        target, metric = name.split(".", 1)
-        unit = metrics.unit(target, metric) if metrics.find(target, metric) else ""
-        check = f"`{name}`" + (f" @ {format_bytes(threshold.bytes)}" if threshold.bytes is not None else "")
+    for ref, threshold in profile.check_refs():
+        name = ref.name
+        unit = metrics.unit(ref.measurement, ref.metric) if metrics.find(ref.measurement, ref.metric) else ""
+        check = f"`{name}`" + (f" @ {format_bytes(ref.bytes)}" if ref.bytes is not None else "")
         comment = comments.get(name, "")
         bounds: list[tuple[str, Threshold | CountBound, str | None]] = []
         if threshold.flat:

@@ -285,7 +285,7 @@ def _group_for(ctx: Context, scope: str):
     runtime = ctx.runtime
     if scope == "node" and runtime.num_nodes > 1:
         group, _ = dist.new_subgroups(group_size=runtime.local_world_size)
-        return group, f"node:{runtime.node_name}"
+        return group, runtime.node_scope
     return dist.group.WORLD, "cluster"
 
 

@@ -14,6 +14,7 @@ from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.config import ByteSize
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
+from gpuval.scope import Scope
 from gpuval.timing import TimedOptions, expected_timed_s, measure_with
 
 
@@ -65,7 +66,7 @@ def run_p2p(ctx: Context, options: P2POptions) -> list[Measurement]:
                 measurements.append(
                     Measurement(
                         name="p2p",
-                        scope=f"link:{runtime.node_name}/gpu{src}-gpu{dst}",
+                        scope=str(Scope.link(runtime.node_name, f"gpu{src}", f"gpu{dst}")),
                         params={
                             "src": src,
                             "dst": dst,

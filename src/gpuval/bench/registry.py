@@ -111,6 +111,11 @@ def all_benchmarks() -> dict[str, Benchmark]:
     return {name: _REGISTRY[name] for name in sorted(_REGISTRY)}
 
 
+def producers() -> dict[str, str]:
+    """Measurement name -> the benchmark that emits it: how a profile check finds the benchmark to run."""
+    return {produced: bench.name for bench in all_benchmarks().values() for produced in bench.produces}
+
+
 def get(name: str) -> Benchmark:
     benchmarks = all_benchmarks()
     if name in benchmarks:

@@ -13,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuval import derived
 from gpuval.bench.registry import BenchmarkSkipped, Context, all_benchmarks
+from gpuval.bench.registry import producers as registry_producers
+from gpuval.checkref import CheckRef
 from gpuval.config import Profile, validate_model
 from gpuval.deadline import phase
 from gpuval.errors import UsageError
@@ -33,37 +36,32 @@ class Outcome:
 def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, Any]:
     """Benchmarks the profile needs, in registry order, each with validated options (exit 2 on a bad one)."""
     benchmarks = all_benchmarks()
-    producers = {produced: bench.name for bench in benchmarks.values() for produced in bench.produces}
+    producers = registry_producers()
     needed: set[str] = set()
-    for check_name in profile.checks:
-        target, metric = check_name.split(".", 1)
-        if target == "outliers":
-            source = metric[: -len("_pct")] if metric.endswith("_pct") else ""
-            if source not in benchmarks or not benchmarks[source].outlier_metrics:
-                known = [f"outliers.{n}_pct" for n, b in benchmarks.items() if b.outlier_metrics]
+    for ref, threshold in profile.check_refs():
+        kind = derived.get(ref.measurement)
+        if kind is not None and kind.plan is not None:
+            needed.add(kind.plan(ref, benchmarks, profile.name))
+        elif ref.measurement in producers:
+            decl = next(
+                d for d in benchmarks[producers[ref.measurement]].metrics if d.name == ref.measurement
+            )
+            if decl.find(ref.metric) is None:
+                close = difflib.get_close_matches(ref.metric, [m.key for m in decl.metrics], n=1)
+                hint = f" (did you mean '{CheckRef(ref.measurement, close[0])}'?)" if close else ""
                 raise UsageError(
-                    f"profile '{profile.name}': check '{check_name}' compares no benchmark; "
-                    f"use one of: {', '.join(known)}"
+                    f"profile '{profile.name}': check '{ref}': '{ref.measurement}' has no metric "
+                    f"'{ref.metric}'{hint}; its metrics: {', '.join(m.key for m in decl.metrics)}"
                 )
-            needed.add(source)
-        elif target in producers:
-            decl = next(d for d in benchmarks[producers[target]].metrics if d.name == target)
-            if decl.find(metric) is None:
-                close = difflib.get_close_matches(metric, [m.key for m in decl.metrics], n=1)
-                hint = f" (did you mean '{target}.{close[0]}'?)" if close else ""
+            needed.add(producers[ref.measurement])
+            if threshold.by_gpus and not decl.by_gpu_count:
                 raise UsageError(
-                    f"profile '{profile.name}': check '{check_name}': '{target}' has no metric "
-                    f"'{metric}'{hint}; its metrics: {', '.join(m.key for m in decl.metrics)}"
-                )
-            needed.add(producers[target])
-            if profile.checks[check_name].by_gpus and not decl.by_gpu_count:
-                raise UsageError(
-                    f"profile '{profile.name}': check '{check_name}': by_gpus is for measurements whose "
+                    f"profile '{profile.name}': check '{ref}': by_gpus is for measurements whose "
                     "figure depends on the GPU count (collectives, p2p); give min or max"
                 )
-        elif target != "expect":
+        elif ref.measurement != "expect":
             raise UsageError(
-                f"profile '{profile.name}': check '{check_name}': nothing measures '{target}'; "
+                f"profile '{profile.name}': check '{ref}': nothing measures '{ref.measurement}'; "
                 f"measured: {', '.join(sorted(producers))}"
             )
     for name in profile.benchmarks:
@@ -80,7 +78,7 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
             continue
         overrides = dict(profile.benchmarks.get(name, {}))
         if bench.plan is not None:
-            mine = {c: t for c, t in profile.checks.items() if producers.get(c.split(".")[0]) == name}
+            mine = {ref.name: t for ref, t in profile.check_refs() if producers.get(ref.measurement) == name}
             overrides = bench.plan(overrides, mine)
         plan[name] = bench.make_options(
             overrides, quick, on_gpu, f"profile '{profile.name}': benchmarks.{name}"

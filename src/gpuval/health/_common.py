@@ -16,19 +16,20 @@ from typing import Any
 from gpuval.health.registry import HealthContext
 from gpuval.nvml import GpuInfo, NvmlSnapshot, Unavailable, available
 from gpuval.results import Check, Status
+from gpuval.scope import Scope
 
 
 def gpu_scope(node: str, index: int) -> str:
-    return f"gpu:{node}/{index}"
+    return str(Scope.gpu(node, index))
 
 
 def node_scope(node: str) -> str:
-    return f"node:{node}"
+    return str(Scope.of_node(node))
 
 
-def link_scope(node: str, link: str) -> str:
+def link_scope(node: str, a: str, b: str) -> str:
     """`link:NODE/gpu0-nvlink5`, `link:NODE/mlx5_0-port1`."""
-    return f"link:{node}/{link}"
+    return str(Scope.link(node, a, b))
 
 
 _BUS = re.compile(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)")

@@ -17,16 +17,17 @@ process can be told from a rank, and the watch stops rather than name gpuval's o
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuval import nvml
+from gpuval import derived, nvml
+from gpuval.checkref import CheckRef
 from gpuval.health._common import gpu_scope
 from gpuval.health.processes import OPT_OUT, describe
 from gpuval.nvml import NvmlSnapshot, available
 from gpuval.results import Check, Status
+from gpuval.scope import read as read_scope
 
 _ANCESTORS = 64  # parents followed to find a rank above a process: far more than any real nesting
 
@@ -193,28 +194,24 @@ def _benchmark_of(name: str, producers: dict[str, str]) -> str:
     target, _, rest = name.partition(".")
     if target == "drift":
         return _benchmark_of(rest, producers)
-    if target == "outliers":
-        return rest.removesuffix("_pct")
+    ref = CheckRef.read(name)
+    kind = derived.get(ref.measurement) if ref is not None else None
+    if ref is not None and kind is not None:
+        return kind.source(ref) or target
     return producers.get(target, target)
 
 
-_LINK_GPUS = re.compile(r"gpu(\d+)")
-
-
 def _holds(scope: str, arrival: Arrival) -> bool:
-    """Whether what `scope` measured ran on the arrival's GPU: the cluster, its node, the GPU, a link or
-    a pair of nodes with it in; a scope of another shape on its node counts too."""
-    kind, _, where = scope.partition(":")
-    node = where.split("/", 1)[0]
-    if kind == "cluster" or not where:
+    """Whether what `scope` measured ran on the arrival's GPU: the cluster, its node, the GPU, a link with
+    it at one end or a pair of nodes with it in; a scope of no known shape counts too."""
+    parsed = read_scope(scope)
+    if parsed is None or parsed.kind == "cluster":
         return True
-    if kind == "gpu":
-        return where == f"{arrival.node}/{arrival.gpu}"
-    if kind == "link":
-        return node == arrival.node and str(arrival.gpu) in _LINK_GPUS.findall(where)
-    if kind == "pair":
-        return arrival.node in where.split("+")
-    return node == arrival.node
+    if parsed.kind == "gpu":
+        return (parsed.node, parsed.gpu_index) == (arrival.node, arrival.gpu)
+    if parsed.kind == "link":
+        return parsed.node == arrival.node and f"gpu{arrival.gpu}" in (parsed.ends or ())
+    return arrival.node in parsed.nodes
 
 
 def compute_processes(library: Any = None) -> list[Any] | nvml.Unavailable:

@@ -17,6 +17,7 @@ from typing import Any
 
 from gpuval.atomic import write_text_atomic
 from gpuval.results import Check, Status
+from gpuval.scope import Scope
 
 
 def _dig(data: dict[str, Any], path: str) -> Any:
@@ -138,7 +139,7 @@ def shared_fs_checks(runtime: Any, directory: Path) -> list[Check] | None:
             Check(
                 name="fleet.shared_fs",
                 status=Status.ERROR,
-                scope=f"node:{runtime.node_name}",
+                scope=str(Scope.of_node(runtime.node_name)),
                 detail=f"cannot write a token in {directory} ({write_error}): pass a writable shared "
                 "directory (--set health.shared_dir=PATH)",
             )
@@ -155,5 +156,7 @@ def shared_fs_checks(runtime: Any, directory: Path) -> list[Check] | None:
                 f"token in {directory} is {result} on this node: it is not the file system rank 0 "
                 "wrote to; check the mount (findmnt) and that every node mounts the same export"
             )
-        checks.append(Check(name="fleet.shared_fs", status=status, scope=f"node:{node}", detail=detail))
+        checks.append(
+            Check(name="fleet.shared_fs", status=status, scope=str(Scope.of_node(node)), detail=detail)
+        )
     return checks

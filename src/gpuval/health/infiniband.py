@@ -15,12 +15,12 @@ from gpuval.health.registry import HealthCheck, HealthContext, register
 from gpuval.results import Check, Status
 
 
-def _port_name(port: dict[str, Any]) -> str:
-    return f"{port['hca']}-port{port['port']}"
+def _port_ends(port: dict[str, Any]) -> tuple[str, str]:
+    return str(port["hca"]), f"port{port['port']}"
 
 
 def _state(ctx: HealthContext, port: dict[str, Any]) -> Check:
-    scope = link_scope(ctx.node, _port_name(port))
+    scope = link_scope(ctx.node, *_port_ends(port))
     state, phys = port.get("state"), port.get("phys_state")
     if state == "ACTIVE":
         return Check(
@@ -47,7 +47,7 @@ def _state(ctx: HealthContext, port: dict[str, Any]) -> Check:
 
 
 def _rate(ctx: HealthContext, port: dict[str, Any], minimum: float) -> Check:
-    scope = link_scope(ctx.node, _port_name(port))
+    scope = link_scope(ctx.node, *_port_ends(port))
     rate = port.get("rate_gbps")
     if rate is None:
         return Check(

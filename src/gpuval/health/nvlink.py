@@ -43,7 +43,7 @@ def _state(node: str, gpu: GpuInfo, scope: str) -> list[Check]:
                 value=len(links) - len(down),
                 threshold={"equal": len(links)},
                 unit="links up",
-                scope=link_scope(node, f"gpu{gpu.index}-nvlink{link.index}"),
+                scope=link_scope(node, f"gpu{gpu.index}", f"nvlink{link.index}"),
                 detail=f"NVLink {link.index}{to} of GPU {gpu.index} is down ({len(links) - len(down)} of "
                 f"{len(links)} up; down: {indices}): check nvidia-smi nvlink -s and that "
                 "nvidia-fabricmanager runs, then reseat/replace the NVLink/NVSwitch tray",
@@ -69,7 +69,7 @@ def _errors(node: str, gpu: GpuInfo, scope: str) -> list[Check]:
                     value=sum(bad.values()),
                     threshold={"max": 0},
                     unit="errors",
-                    scope=link_scope(node, f"gpu{gpu.index}-nvlink{link.index}"),
+                    scope=link_scope(node, f"gpu{gpu.index}", f"nvlink{link.index}"),
                     detail=f"{shown} errors on NVLink {link.index} of GPU {gpu.index}: watch whether they "
                     "grow (nvidia-smi nvlink -e); if they do, reseat/replace the NVLink/NVSwitch tray",
                 )

@@ -18,6 +18,7 @@ from gpuval.config import Profile
 from gpuval.errors import first_line
 from gpuval.nvml import NvmlSnapshot
 from gpuval.results import Check, Status
+from gpuval.scope import Scope
 
 if TYPE_CHECKING:
     from gpuval.health.cuda import CudaView
@@ -79,7 +80,7 @@ def _run_family(ctx: HealthContext, family: HealthCheck) -> list[Check]:
             Check(
                 name=f"{family.name}.run",
                 status=Status.ERROR,
-                scope=f"node:{ctx.node}",
+                scope=str(Scope.of_node(ctx.node)),
                 detail=f"the {family.name} check crashed: {type(exc).__name__}: {first_line(exc)}",
             )
         ]

@@ -15,6 +15,7 @@ from rich.text import Text
 from gpuval import metrics
 from gpuval.checks import gap_to_median_pct
 from gpuval.results import Check, Measurement, Result, Status
+from gpuval.scope import Scope
 from gpuval.units import format_bytes
 
 STYLE = {
@@ -205,7 +206,7 @@ def _per_gpu(measurements: list[Measurement], console: Console) -> None:
 def _p2p(measurements: list[Measurement], console: Console) -> None:
     by_node: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
     for m in measurements:
-        node = m.scope.split(":", 1)[1].split("/")[0]
+        node = Scope.parse(m.scope).node
         by_node[node][(m.params["src"], m.params["dst"])] = m.metrics["copy_gbps"]
     for node, pairs in by_node.items():
         gpus = sorted({i for pair in pairs for i in pair})

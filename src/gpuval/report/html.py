@@ -26,6 +26,7 @@ from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.report.console import format_bound
 from gpuval.report.soak import soak_section
 from gpuval.results import Check, Measurement, Result, Status
+from gpuval.scope import node_of, place_of
 from gpuval.units import format_bytes
 
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
@@ -224,7 +225,7 @@ def _svg(figure: Any) -> str:
 
 def _gpu_label(scope: str) -> str:
     """'gpu:node1/3' -> 'node1/3'."""
-    return scope.split(":", 1)[-1]
+    return place_of(scope)
 
 
 def _shown(view: str) -> list[tuple[MeasurementDecl, Metric]]:
@@ -314,7 +315,7 @@ def _p2p_plot(result: Result) -> str | None:
         src, dst = m.params.get("src"), m.params.get("dst")
         if metric and copy is not None and _is_index(src) and _is_index(dst):
             units.add(metric.unit)
-            node = re.sub(r"^link:", "", m.scope).split("/", 1)[0]
+            node = node_of(m.scope) or m.scope
             by_node[node][(int(src), int(dst))] = float(copy)
     if not by_node:
         return None

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuval.results import Result
+from gpuval.scope import place_of
 
 _VERDICT_COLOURS = {"PASS": "#1a7f37", "FAIL": "#cf222e", "ERROR": "#8250df", "WARN": "#9a6700"}
 _COLUMNS = 3
@@ -122,7 +123,7 @@ def _plot(
         for number, entry in enumerate(entries):
             values = _values(entry)
             xs = [k for k, v in enumerate(values, 1) if v is not None]
-            label = str(entry.get("scope", "")).split(":", 1)[-1]
+            label = place_of(str(entry.get("scope", "")))
             colour = f"C{number % 10}"
             axes.plot(xs, [values[k - 1] for k in xs], marker="o", markersize=3, color=colour, label=label)
             edge = entry.get("edge")
