@@ -55,45 +55,56 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = {"lora_rank": 64, "lora_alpha": 128.0, "lora_dropout": 0.05}
-# gpuval variants: bench train options on top of mode=fixed and the recipe.
+RECIPE_OPTIONS = {f"lora.{key.removeprefix('lora_')}": value for key, value in RECIPE.items()}  # --set keys
+# gpuval variants: bench train options as --set keys (dotted into its sections) on top of mode=fixed and
+# the recipe.
 VARIANTS: dict[str, dict[str, Any]] = {
     # `gpuval bench train`'s GPU defaults: micro-batch 3, compiled layers, varlen attention (cuDNN's
     # causal kernel for whole-document rows on Hopper), fused loss
     "gpuval": {},
     # the same step again, for `--profile gpuval-again`: the profiled steps stay out of gpuval's own timing
     "gpuval-again": {},
-    "gpuval-no-compile": {"compile": False},  # kernels auto: all of Liger's
+    "gpuval-no-compile": {"step.compile": False},  # kernels auto: all of Liger's
     "gpuval-mb1": {"micro_batch_size": 1},
     "gpuval-mb2": {"micro_batch_size": 2},
-    "gpuval-varlen": {"row_kernel": "varlen"},  # whole-document rows through varlen_attn (FA2) too
+    "gpuval-varlen": {"step.row_kernel": "varlen"},  # whole-document rows through varlen_attn (FA2) too
     "gpuval-packed": {"mode": "packed"},
     # packed documents through varlen_attn (FlashAttention-2), auto's choice without flash-attn-4
-    "gpuval-packed-flash": {"mode": "packed", "varlen_kernel": "flash"},
-    "gpuval-no-liger": {"micro_batch_size": 1, "compile": False, "kernels": "torch"},
+    "gpuval-packed-flash": {"mode": "packed", "step.varlen_kernel": "flash"},
+    "gpuval-no-liger": {"micro_batch_size": 1, "step.compile": False, "step.kernels": "torch"},
     "gpuval-sdpa-ckpt": {  # gpuval's loop with the seeds' settings: the loop's own cost
-        "compile": False,
-        "kernels": "torch",
-        "attention": "sdpa",
-        "activation_checkpointing": True,
+        "step.compile": False,
+        "step.kernels": "torch",
+        "step.attention": "sdpa",
+        "step.activation_checkpointing": True,
     },
-    "gpuval-compile-liger": {"kernels": "liger"},  # compiled layers around Liger's own kernels
-    "gpuval-flash": {"row_kernel": "flash"},  # whole-document rows through SDPA's FA2
+    "gpuval-compile-liger": {"step.kernels": "liger"},  # compiled layers around Liger's own kernels
+    "gpuval-flash": {"step.row_kernel": "flash"},  # whole-document rows through SDPA's FA2
     # whole-document rows through cuDNN's attention (auto's choice on Hopper without flash-attn-4)
-    "gpuval-cudnn": {"row_kernel": "cudnn"},
-    "gpuval-unfused": {"fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
-    "gpuval-all-rows": {"last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
-    "gpuval-whole-products": {"split_products": False},  # hidden-size products whole: what splitting buys
-    "gpuval-torch-dropout": {"dropout_kernel": "torch"},  # nn.Dropout's mask: what the packed one buys
-    "gpuval-fused-mlp": {"fuse_gate_up": True},  # the MLP's gate/up as one product (off by default: slower)
-    "gpuval-liger-loss": {"loss_kernel": "liger"},  # Liger's fused loss (host reads, 256-row chunks)
-    "gpuval-fp8": {"precision": "fp8-base"},  # frozen base products in FP8 (Hopper), as shipped
-    "gpuval-fp8-all": {"precision": "fp8-base", "fp8_exclude": []},  # every one, the first and last layer too
-    "gpuval-fp8-fast": {"precision": "fp8-base", "fp8_fast_accum": True},  # and fast forward accumulation
-    "gpuval-fp8-bf16-grad": {"precision": "fp8-base", "fp8_input_grad": False},  # FP8 forward products only
-    "gpuval-fp8-attn-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.self_attn.*"]},  # fp8_loss.py's
-    "gpuval-fp8-edges-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "1.*", "-2.*", "-1.*"]},
-    "gpuval-fp8-down-bf16": {"precision": "fp8-base", "fp8_exclude": ["*.mlp.down_proj"]},
-    "gpuval-fp8-ends-bf16": {"precision": "fp8-base", "fp8_exclude": ["0.*", "-1.*"]},
+    "gpuval-cudnn": {"step.row_kernel": "cudnn"},
+    "gpuval-unfused": {"step.fuse_qkv": False},  # PEFT's three q/k/v layers: what fusing them buys
+    "gpuval-all-rows": {"step.last_mlp_rows": "all"},  # the last layer's MLP on every row: what skipping buys
+    # hidden-size products whole: what splitting buys
+    "gpuval-whole-products": {"step.split_products": False},
+    "gpuval-torch-dropout": {"step.dropout_kernel": "torch"},  # nn.Dropout's mask: what the packed one buys
+    # the MLP's gate/up as one product (off by default: slower)
+    "gpuval-fused-mlp": {"experimental.fuse_gate_up": True},
+    "gpuval-liger-loss": {"step.loss_kernel": "liger"},  # Liger's fused loss (host reads, 256-row chunks)
+    "gpuval-fp8": {"step.precision": "fp8-base"},  # frozen base products in FP8 (Hopper), as shipped
+    # every one, the first and last layer too
+    "gpuval-fp8-all": {"step.precision": "fp8-base", "step.fp8.exclude": []},
+    # and fast forward accumulation
+    "gpuval-fp8-fast": {"step.precision": "fp8-base", "step.fp8.fast_accum": True},
+    # FP8 forward products only
+    "gpuval-fp8-bf16-grad": {"step.precision": "fp8-base", "step.fp8.input_grad": False},
+    # fp8_loss.py's
+    "gpuval-fp8-attn-bf16": {"step.precision": "fp8-base", "step.fp8.exclude": ["*.self_attn.*"]},
+    "gpuval-fp8-edges-bf16": {
+        "step.precision": "fp8-base",
+        "step.fp8.exclude": ["0.*", "1.*", "-2.*", "-1.*"],
+    },
+    "gpuval-fp8-down-bf16": {"step.precision": "fp8-base", "step.fp8.exclude": ["*.mlp.down_proj"]},
+    "gpuval-fp8-ends-bf16": {"step.precision": "fp8-base", "step.fp8.exclude": ["0.*", "-1.*"]},
 }
 # gpuval variants that run with inductor settings of their own (set in the bench train process before it
 # compiles): experiments on the step's elementwise kernels, not settings gpuval ships.
@@ -113,15 +124,7 @@ INDUCTOR: dict[str, dict[str, Any]] = {
     # (results/2026-11-27-h100x1-step-layout/)
     "gpuval-autotune": {"max_autotune_gemm": True, "triton.enable_persistent_tma_matmul": True},
 }
-# gpuval variants that set a module attribute of gpuval's in the bench train process before it runs: the
-# way a change was made before, kept to measure the change against it on the same machine.
-PATCHES: dict[str, dict[str, Any]] = {
-    # the split products' input-gradient groups joined by torch.cat, which inductor reads inside the norm's
-    # backward (before 2026-11-27's column_grouped_mm, NOTES.md item 26)
-    "gpuval-cat-input-grad": {"gpuval.finetune.split_products.JOIN_INPUT_GRADIENT": "cat"},
-}
 VARIANTS.update({name: {} for name in INDUCTOR})
-VARIANTS.update({name: {} for name in PATCHES})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
@@ -265,9 +268,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "seq_len": args.seq_len,
         "records": args.records,
         "steps": args.steps,
-        "warmup_steps": args.warmup,
+        "untimed_steps": args.warmup,
         "mode": "fixed",
-        **RECIPE,
+        **RECIPE_OPTIONS,
         **VARIANTS[name],
     }
     micro = options.setdefault("micro_batch_size", GPU_MICRO_BATCH)
@@ -279,7 +282,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "train.json"
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
-        if name in INDUCTOR or name in PATCHES:  # the same command, after setting them in that process
+        if name in INDUCTOR:  # the same command, after setting them in that process
             start = prelude(name)
             start += "sys.argv = ['gpuval', *sys.argv[1:]]; runpy.run_module('gpuval', run_name='__main__')"
             command = [sys.executable, "-c", start, *command[3:]]
@@ -294,12 +297,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def prelude(name: str) -> str:
-    """The Python statements a variant of INDUCTOR or PATCHES runs in the bench train process before gpuval
-    starts there: inductor's settings, then gpuval's module attributes."""
+    """The Python statements a variant of INDUCTOR runs in the bench train process before gpuval starts
+    there: inductor's settings."""
     settings = "".join(f"config.{key} = {value!r}; " for key, value in INDUCTOR.get(name, {}).items())
-    for path, value in PATCHES.get(name, {}).items():
-        module, attribute = path.rsplit(".", 1)
-        settings += f"import {module}; setattr({module}, {attribute!r}, {value!r}); "
     return "import runpy, sys; import torch._inductor.config as config; " + settings
 
 
@@ -316,7 +316,7 @@ def same_sequences(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[
         mode="fixed",
         records=args.records,
         steps=args.steps,
-        warmup_steps=args.warmup,
+        untimed_steps=args.warmup,
         dtype="bfloat16",
     )
     docs = [encode(c, tokenizer, args.seq_len) for c in synthetic_conversations(options)]

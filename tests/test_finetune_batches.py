@@ -11,8 +11,12 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from test_finetune_train import runtime  # noqa: E402, F401
 
-from gpuval.finetune.batches import data_order, step_batches_for, to_device  # noqa: E402
-from gpuval.finetune.kernels import label_rows  # noqa: E402
+from gpuval.finetune.batches import (  # noqa: E402
+    data_order,
+    label_rows,  # noqa: E402
+    step_batches_for,
+    to_device,
+)
 from gpuval.finetune.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 

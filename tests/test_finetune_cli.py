@@ -29,9 +29,9 @@ def test_synth_prepare_train_then_resume(tmp_path, gpuval):
         "--set",
         "data.max_seq_len=256",
         "--set",
-        "train.save_every_steps=2",
+        "train.save.every_steps=2",
         "--set",
-        "train.warmup_steps=1",
+        "train.optim.warmup_steps=1",
     ]
     first = gpuval(
         ["finetune", "train", "--config", str(CONFIG), *sets, "--set", "train.max_steps=2"], tmp_path
@@ -61,13 +61,13 @@ def test_shipped_configs_load_and_bad_ones_are_one_line(tmp_path, gpuval):
     for cfg in (recipe, seeds):
         assert (cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout) == (64, 128.0, 0.05)
         assert cfg.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
-        assert (cfg.train.lr, cfg.train.micro_batch_size, cfg.train.grad_accum_steps) == (2e-5, 2, 4)
+        assert (cfg.train.optim.lr, cfg.train.micro_batch_size, cfg.train.grad_accum_steps) == (2e-5, 2, 4)
         assert cfg.data.max_seq_len == 4096 and cfg.dtype == "bfloat16"
     # fast by default (issue 23): the step chosen for the GPU at hand; the seeds' step kept as it was
-    assert (recipe.train.activation_checkpointing, recipe.train.compile) == ("auto", "auto")
-    step = seeds.train
+    assert (recipe.train.step.activation_checkpointing, recipe.train.step.compile) == ("auto", "auto")
+    step = seeds.train.step
     assert (step.activation_checkpointing, step.compile, step.kernels) == (True, False, "torch")
-    assert (step.fuse_qkv, step.fuse_gate_up) == (False, False)
+    assert (step.fuse_qkv, seeds.train.experimental.fuse_gate_up) == (False, False)
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load(CONFIG.read_text()), "trian": {}}))
     proc = gpuval(["finetune", "train", "--config", str(bad)], tmp_path)

@@ -83,11 +83,10 @@ def run(tmp_path_factory: pytest.TempPathFactory, plain_tokenizer: Path) -> Path
             "data": {"train": str(data), "max_seq_len": 256},
             "train": {
                 "micro_batch_size": 1,
-                "lr": 3e-3,
-                "warmup_steps": 1,
                 "max_steps": STEPS,
-                "save_every_steps": STEPS,
-                "tensorboard": False,
+                "optim": {"lr": 3e-3, "warmup_steps": 1},
+                "save": {"every_steps": STEPS},
+                "log": {"tensorboard": False},
             },
             "output": str(output),
         }

@@ -1,4 +1,5 @@
-"""FlashAttention-4 as the attention of whole-document rows (finetune/flash4.py, `train.row_kernel: fa4`).
+"""FlashAttention-4 as the attention of whole-document rows (finetune/flash4.py,
+`train.step.row_kernel: fa4`).
 
 FA4's kernels need a Hopper or Blackwell GPU; here the custom operators run their CPU kernels (the same
 outputs from float32 math), which is enough to check the operators' definitions (log-sum-exp, causality,
@@ -12,9 +13,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from step_parts import decide
 
 from gpuval.errors import UsageError
-from gpuval.finetune import flash4, kernels
+from gpuval.finetune import attention, flash4
+from gpuval.finetune.attention import AttentionPart
+
+
+def _kernel(setting: str, choice: str, on_gpu: bool) -> str:
+    """The attention part's resolved `setting` (row_kernel or varlen_kernel) for `choice`."""
+    return decide(AttentionPart(), on_gpu=on_gpu, **{setting: choice}).settings[setting]
 
 
 def _inputs(batch=2, seq=7, heads=4, kv_heads=2, dim=8, dtype=torch.float32, seed=0, device="cpu"):
@@ -119,27 +127,27 @@ def test_compiled_caller_matches_eager():
 
 
 def test_row_kernel_setting(monkeypatch):
-    assert "fa4" in kernels.ROW_KERNELS
-    assert kernels.resolve_row_kernel("fa4", on_gpu=False) == "fa4"  # a CPU runs plain causal SDPA
+    assert "fa4" in attention.ROW_KERNELS
+    assert _kernel("row_kernel", "fa4", False) == "fa4"  # a CPU runs plain causal SDPA
     monkeypatch.setattr(
         flash4, "unavailable_reason", lambda: "the flash-attn-4 package is not importable (x)"
     )
     with pytest.raises(
-        UsageError, match=r"^train.row_kernel=fa4: the flash-attn-4 package is not importable"
+        UsageError, match=r"^train.step.row_kernel=fa4: the flash-attn-4 package is not importable"
     ):
-        kernels.resolve_row_kernel("fa4", on_gpu=True)
+        _kernel("row_kernel", "fa4", True)
     # auto on a Hopper GPU: fa4 where it can run, else cuDNN
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
-    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "cudnn"
+    assert _kernel("row_kernel", "auto", True) == "cudnn"
     monkeypatch.setattr(flash4, "unavailable_reason", lambda: None)
-    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "fa4"
-    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "fa4"
-    assert kernels.resolve_varlen_kernel("auto", on_gpu=False) == "flash"
+    assert _kernel("row_kernel", "auto", True) == "fa4"
+    assert _kernel("varlen_kernel", "auto", True) == "fa4"
+    assert _kernel("varlen_kernel", "auto", False) == "flash"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert kernels.resolve_row_kernel("auto", on_gpu=True) == "varlen"  # measured only on Hopper
-    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
+    assert _kernel("row_kernel", "auto", True) == "varlen"  # measured only on Hopper
+    assert _kernel("varlen_kernel", "auto", True) == "flash"
 
 
 def test_a_package_that_fails_to_load_is_a_reason_not_a_crash(monkeypatch):
@@ -159,29 +167,29 @@ def test_a_package_that_fails_to_load_is_a_reason_not_a_crash(monkeypatch):
             "the flash-attn-4 package is not importable (OSError: libcute_dsl_runtime.so: cannot open "
             "shared object file"
         )
-        assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
+        assert _kernel("varlen_kernel", "auto", True) == "flash"
         with pytest.raises(
-            UsageError, match=r"^train.row_kernel=fa4: the flash-attn-4 package is not importable"
+            UsageError, match=r"^train.step.row_kernel=fa4: the flash-attn-4 package is not importable"
         ):
-            kernels.resolve_row_kernel("fa4", on_gpu=True)
+            _kernel("row_kernel", "fa4", True)
     finally:
         flash4.unavailable_reason.cache_clear()
 
 
 def test_varlen_kernel_setting_without_the_package(monkeypatch):
-    assert kernels.VARLEN_KERNELS == ("fa4", "flash")
-    assert kernels.resolve_varlen_kernel("fa4", on_gpu=False) == "fa4"  # a CPU runs SDPA per document
-    assert kernels.resolve_varlen_kernel("flash", on_gpu=True) == "flash"
+    assert attention.VARLEN_KERNELS == ("fa4", "flash")
+    assert _kernel("varlen_kernel", "fa4", False) == "fa4"  # a CPU runs SDPA per document
+    assert _kernel("varlen_kernel", "flash", True) == "flash"
     monkeypatch.setattr(flash4, "unavailable_reason", lambda: "no CUDA GPU")
-    with pytest.raises(UsageError, match=r"^train.varlen_kernel=fa4: no CUDA GPU; install flash-attn-4"):
-        kernels.resolve_varlen_kernel("fa4", on_gpu=True)
-    assert kernels.resolve_varlen_kernel("auto", on_gpu=True) == "flash"
+    with pytest.raises(UsageError, match=r"^train.step.varlen_kernel=fa4: no CUDA GPU; install flash-attn-4"):
+        _kernel("varlen_kernel", "fa4", True)
+    assert _kernel("varlen_kernel", "auto", True) == "flash"
 
 
 def test_cpu_rows_with_fa4_setting_run_sdpa(monkeypatch):
-    monkeypatch.setattr(kernels, "_ROW_KERNEL", "fa4")
+    monkeypatch.setattr(attention, "_ROW_KERNEL", "fa4")
     q, k, v = (t.transpose(1, 2) for t in _inputs())  # (B, H, S, D), as transformers hands them over
-    got = kernels._causal_rows(q, k, v, None)
+    got = attention._causal_rows(q, k, v, None)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(got, want)
 

@@ -21,17 +21,18 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 from conftest import NEEDS_CPU_ROWWISE_FP8, cpu_rowwise_scaled_mm  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.fp8 import (  # noqa: E402
     FP8_MAX,
+    Fp8BasePart,
     Fp8Linear,
     _Fp8LinearFunction,
     convert_frozen_linears,
     excluded_linears,
     quantize_rows,
-    resolve_precision,
 )
 
 MANTISSA_HALF_ULP = 2.0**-4  # e4m3: 3 mantissa bits, round to nearest
@@ -156,23 +157,31 @@ def test_the_frozen_weight_gets_no_gradient_and_the_input_one_only_when_asked():
     assert plain_x.grad is None and scale.grad is None
 
 
+def _precision(precision: str, dtype: str, parallel: str, name: str | None, capability, **fp8) -> str:
+    """The FP8 part's resolved `train.step.precision`; `fp8`: train.step.fp8 settings."""
+    gpu = (name, capability) if name else None
+    return decide(Fp8BasePart(), precision=precision, dtype=dtype, parallel=parallel, gpu=gpu, fp8=fp8).choice
+
+
 def test_precision_is_checked_against_the_device_in_one_line_naming_what_to_use():
-    assert resolve_precision("bf16", "bfloat16", "ddp", None, None) == "bf16"
-    assert resolve_precision("fp8-base", "bfloat16", "ddp", "NVIDIA H100 80GB HBM3", (9, 0)) == "fp8-base"
+    assert _precision("bf16", "bfloat16", "ddp", None, None) == "bf16"
+    assert _precision("fp8-base", "bfloat16", "ddp", "NVIDIA H100 80GB HBM3", (9, 0)) == "fp8-base"
     with pytest.raises(UsageError) as on_cpu:
-        resolve_precision("fp8-base", "bfloat16", "ddp", None, None)
+        _precision("fp8-base", "bfloat16", "ddp", None, None)
     with pytest.raises(UsageError) as on_a100:
-        resolve_precision("fp8-base", "bfloat16", "ddp", "NVIDIA A100-SXM4-80GB", (8, 0))
+        _precision("fp8-base", "bfloat16", "ddp", "NVIDIA A100-SXM4-80GB", (8, 0))
     for raised in (on_cpu, on_a100):
         message = str(raised.value)
-        assert "\n" not in message and message.endswith("set train.precision=bf16")
-        assert message.startswith("train.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0")
+        assert "\n" not in message and message.endswith("set train.step.precision=bf16")
+        assert message.startswith(
+            "train.step.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0"
+        )
     assert "CPU" in str(on_cpu.value)
     assert "NVIDIA A100-SXM4-80GB (compute capability 8.0)" in str(on_a100.value)
     with pytest.raises(UsageError, match=r"needs dtype: bfloat16 \(the config has float32\)"):
-        resolve_precision("fp8-base", "float32", "ddp", "NVIDIA H200", (9, 0))
+        _precision("fp8-base", "float32", "ddp", "NVIDIA H200", (9, 0))
     with pytest.raises(UsageError, match=r"train.parallel=ddp only \(not fsdp"):
-        resolve_precision("fp8-base", "bfloat16", "fsdp", "NVIDIA H200", (9, 0))
+        _precision("fp8-base", "bfloat16", "fsdp", "NVIDIA H200", (9, 0))
 
 
 def _lora_model(dtype: torch.dtype = torch.bfloat16):
@@ -184,24 +193,22 @@ def _lora_model(dtype: torch.dtype = torch.bfloat16):
 def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
     gpu = ("NVIDIA H100 80GB HBM3", (9, 0))
     for fast, input_grad, exclude, named in (
-        (True, True, None, "fp8_fast_accum"),
-        (False, False, None, "fp8_input_grad"),
-        (False, True, ("*.mlp.*",), "fp8_exclude"),
-        (False, True, (), "fp8_exclude"),  # every product in FP8: still an FP8 setting
+        (True, True, None, "fast_accum"),
+        (False, False, None, "input_grad"),
+        (False, True, ["*.mlp.*"], "exclude"),
+        (False, True, [], "exclude"),  # every product in FP8: still an FP8 setting
     ):
         with pytest.raises(UsageError) as caught:
-            resolve_precision(
-                "bf16", "bfloat16", "ddp", *gpu, fast_accum=fast, input_grad_fp8=input_grad, exclude=exclude
+            _precision(
+                "bf16", "bfloat16", "ddp", *gpu, fast_accum=fast, input_grad=input_grad, exclude=exclude
             )
         message = str(caught.value)
         assert "\n" not in message and message.startswith(
-            f"train.{named} applies to train.precision=fp8-base"
+            f"train.step.fp8.{named} applies to train.step.precision=fp8-base"
         )
     # the defaults under bf16, and any of them under fp8-base, are accepted
-    assert resolve_precision("bf16", "bfloat16", "ddp", *gpu) == "bf16"
-    assert resolve_precision("fp8-base", "bfloat16", "ddp", *gpu, fast_accum=True, input_grad_fp8=False) == (
-        "fp8-base"
-    )
+    assert _precision("bf16", "bfloat16", "ddp", *gpu) == "bf16"
+    assert _precision("fp8-base", "bfloat16", "ddp", *gpu, fast_accum=True, input_grad=False) == "fp8-base"
 
 
 @rowwise_product
@@ -238,7 +245,7 @@ def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameter
 @rowwise_product
 @pytest.mark.parametrize("fast", [False, True])
 def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_keep_it(fast, monkeypatch):
-    """`train.fp8_fast_accum` sets use_fast_accum of the forward product; the backward's is always off.
+    """`train.step.fp8.fast_accum` sets use_fast_accum of the forward product; the backward's is always off.
     The real _scaled_mm runs (CPU), wrapped to record what each call asked for."""
     real, asked = torch._scaled_mm, []
 
@@ -257,7 +264,7 @@ def test_fast_accumulation_reaches_the_forward_product_only_and_the_fused_parts_
 
 @rowwise_product
 def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_original_weight():
-    """`train.fp8_input_grad: false`: the forward is the FP8 one, the input gradient is exactly the bf16
+    """`train.step.fp8.input_grad: false`: the forward is the FP8 one, the input gradient is exactly the bf16
     product with the original weight, and a fused q/k/v part slices that weight by output rows."""
     linear = _layer()
     fp8, bf16_grad = Fp8Linear.from_linear(linear), Fp8Linear.from_linear(linear, input_grad_fp8=False)
@@ -312,16 +319,17 @@ def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it()
 
 
 def test_fp8_on_a_cpu_is_refused_before_loading(runtime, train_file, tmp_path, monkeypatch):  # noqa: F811
+    import gpuval.finetune.step as step
     import gpuval.finetune.trainer as trainer
     from gpuval.finetune.config import finetune_config_from_dict
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("the model was loaded before the precision was checked")
 
-    monkeypatch.setattr(trainer, "load_model", no_load)
-    data = config_dict(train_file, tmp_path / "run", precision="fp8-base")
+    monkeypatch.setattr(step, "load_model", no_load)
+    data = config_dict(train_file, tmp_path / "run", step={"precision": "fp8-base"})
     data["dtype"] = "bfloat16"
-    with pytest.raises(UsageError, match=r"^train.precision=fp8-base needs .* this run is on the CPU"):
+    with pytest.raises(UsageError, match=r"^train.step.precision=fp8-base needs .* this run is on the CPU"):
         trainer.train(finetune_config_from_dict(data), runtime, save_adapter=False, quiet=True)
 
 
@@ -335,12 +343,13 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
 
     from peft import PeftModel
 
+    import gpuval.finetune.fp8 as fp8
     import gpuval.finetune.trainer as trainer
     from gpuval.finetune.config import finetune_config_from_dict
     from gpuval.finetune.model import load_model
 
     converted: list[int] = []
-    convert = trainer.convert_frozen_linears
+    convert = fp8.convert_frozen_linears
 
     def counting(layers, **options):
         exclude = options.pop("exclude")
@@ -349,10 +358,15 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
         converted.append(convert(layers, exclude=exclude, **options))
         return converted[-1]
 
-    monkeypatch.setattr(trainer, "resolve_precision", lambda setting, *_args: setting)
-    monkeypatch.setattr(trainer, "convert_frozen_linears", counting)
-    data = config_dict(train_file, tmp_path / "run", precision="fp8-base", max_steps=2, tensorboard=False)
-    data["train"]["fp8_exclude"] = ["*.mlp.down_proj"]
+    monkeypatch.setattr(fp8, "_precision", lambda ctx: ctx.step.precision)
+    monkeypatch.setattr(fp8, "convert_frozen_linears", counting)
+    data = config_dict(
+        train_file,
+        tmp_path / "run",
+        max_steps=2,
+        step={"precision": "fp8-base", "fp8": {"exclude": ["*.mlp.down_proj"]}},
+        log={"tensorboard": False},
+    )
     data["dtype"] = "bfloat16"
     data["data"]["max_seq_len"] = 128
     summary = trainer.train(finetune_config_from_dict(data), runtime)
@@ -419,7 +433,7 @@ def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
 
 
 def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded():
-    from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up
+    from gpuval.finetune.fused_mlp import GateUpHalf, fuse_gate_up
     from gpuval.finetune.parallel import decoder_layers
 
     model = _lora_model()
@@ -429,7 +443,7 @@ def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded(
     assert fuse_gate_up(model, fp8=True, exclude=exclude) == len(layers)
     for index, layer in enumerate(layers):
         parts = (layer.mlp.gate_proj, layer.mlp.up_proj)
-        assert all(type(p) is GateUpPart for p in parts)
+        assert all(type(p) is GateUpHalf for p in parts)
         base = parts[0].fused.base
         assert type(base) is (torch.nn.Linear if index == len(layers) - 1 else Fp8Linear)
     # the parts are no bare nn.Linear: the conversion after leaves them (and the excluded pair) alone

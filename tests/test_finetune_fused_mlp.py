@@ -15,11 +15,12 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 from conftest import NEEDS_CPU_ROWWISE_FP8, cpu_rowwise_scaled_mm  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import FLOAT64_SUMS, QKVO, lora_model, relative  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_mlp import GateUpPart, fuse_gate_up, resolve_fuse_gate_up  # noqa: E402
+from gpuval.finetune.fused_mlp import FusedGateUpPart, GateUpHalf, fuse_gate_up  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
 
 INTERMEDIATE = 576  # the tiny model's intermediate_size (hidden 192)
@@ -80,7 +81,7 @@ def test_gate_and_up_weights_are_views_of_the_concatenated_one_and_the_state_dic
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     fuse_gate_up(model)
     for mlp in _mlps(model):
-        assert type(mlp.gate_proj) is GateUpPart and type(mlp.up_proj) is GateUpPart
+        assert type(mlp.gate_proj) is GateUpHalf and type(mlp.up_proj) is GateUpHalf
         concatenated = mlp.gate_proj.fused.base.weight
         assert concatenated.shape == (2 * INTERMEDIATE, 192)
         assert mlp.gate_proj.weight.data_ptr() == concatenated[0].data_ptr()  # a view, no second copy
@@ -153,23 +154,30 @@ def test_mlps_with_lora_on_gate_or_up_are_left_as_they_are(targets, fused):
         )
     else:
         assert all(
-            type(mlp.down_proj) is LoraLinear and type(mlp.gate_proj) is GateUpPart for mlp in _mlps(model)
+            type(mlp.down_proj) is LoraLinear and type(mlp.gate_proj) is GateUpHalf for mlp in _mlps(model)
         )
 
 
 def test_fuse_gate_up_setting_per_device_and_parallelism():
-    assert resolve_fuse_gate_up("auto", on_gpu=True, parallel="ddp") is True
-    assert resolve_fuse_gate_up("auto", on_gpu=False, parallel="ddp") is False
-    assert resolve_fuse_gate_up("auto", on_gpu=True, parallel="fsdp") is False
-    assert resolve_fuse_gate_up("auto", on_gpu=True, parallel="deepspeed") is False
-    assert resolve_fuse_gate_up(True, on_gpu=False, parallel="ddp") is True  # the tests use it
-    assert resolve_fuse_gate_up(False, on_gpu=True, parallel="ddp") is False
+    def on(setting, **context) -> bool:
+        return decide(FusedGateUpPart(), experimental={"fuse_gate_up": setting}, **context).on
+
+    assert on("auto", on_gpu=True, parallel="ddp") is True
+    assert on("auto", on_gpu=False, parallel="ddp") is False
+    assert on("auto", on_gpu=True, parallel="fsdp") is False
+    assert on("auto", on_gpu=True, parallel="deepspeed") is False
+    assert on(True, on_gpu=False, parallel="ddp") is True  # the tests use it
+    assert on(False, on_gpu=True, parallel="ddp") is False
+    off = decide(FusedGateUpPart(), experimental={"fuse_gate_up": "auto"}, on_gpu=True, parallel="fsdp")
+    assert off.note and "fused_gate_up off under train.parallel=fsdp" in off.note  # said, not silent
     for parallel in ("fsdp", "deepspeed"):
         with pytest.raises(UsageError) as caught:
-            resolve_fuse_gate_up(True, on_gpu=True, parallel=parallel)
+            decide(FusedGateUpPart(), experimental={"fuse_gate_up": True}, on_gpu=True, parallel=parallel)
         message = str(caught.value)
-        assert "\n" not in message and message.endswith("set train.fuse_gate_up=auto")
-        assert message.startswith(f"train.fuse_gate_up=true works with train.parallel=ddp only ({parallel}")
+        assert "\n" not in message and message.endswith("set train.experimental.fuse_gate_up=auto")
+        assert message.startswith(
+            f"train.experimental.fuse_gate_up=true works with train.parallel=ddp only ({parallel}"
+        )
 
 
 fp8_available = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="this PyTorch has no float8")
@@ -198,7 +206,7 @@ def test_fp8_quantises_the_concatenated_weight_once_and_convert_frozen_linears_l
     layers = len(_mlps(model))
     assert convert_frozen_linears(decoder_layers(model)) == layers * 5
     assert convert_frozen_linears(decoder_layers(plain)) == layers * 7
-    assert type(mlp.gate_proj) is GateUpPart and mlp.gate_proj.fused.base is base  # the fused forward stays
+    assert type(mlp.gate_proj) is GateUpHalf and mlp.gate_proj.fused.base is base  # the fused forward stays
     assert type(mlp.down_proj) is Fp8Linear
     # one FP8 copy of gate/up: none in the state dict, as for the converted plain model
     assert set(model.state_dict()) == set(plain.state_dict())
@@ -307,7 +315,11 @@ def test_train_fused_matches_unfused_step_for_step(runtime, train_file, tmp_path
     losses, adapters = {}, {}
     for fuse in (False, True):
         data = config_dict(
-            train_file, tmp_path / str(fuse), max_steps=3, fuse_gate_up=fuse, tensorboard=False
+            train_file,
+            tmp_path / str(fuse),
+            max_steps=3,
+            experimental={"fuse_gate_up": fuse},
+            log={"tensorboard": False},
         )
         data["lora"]["target_modules"] = QKVO
         summary = train(finetune_config_from_dict(data), runtime)
@@ -324,8 +336,11 @@ def test_fuse_gate_up_true_with_lora_on_every_linear_is_a_one_line_error(runtime
     from gpuval.finetune.config import finetune_config_from_dict
     from gpuval.finetune.trainer import train
 
-    data = config_dict(train_file, tmp_path / "run", fuse_gate_up=True)  # target_modules: all-linear
+    data = config_dict(
+        train_file, tmp_path / "run", experimental={"fuse_gate_up": True}
+    )  # target_modules: all-linear
     with pytest.raises(
-        UsageError, match=r"^train.fuse_gate_up=true: no MLP .* set train.fuse_gate_up=false$"
+        UsageError,
+        match=r"^train.experimental.fuse_gate_up=true: no MLP .* set train.experimental.fuse_gate_up=false$",
     ):
         train(finetune_config_from_dict(data), runtime, save_adapter=False, quiet=True)

@@ -13,10 +13,11 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv  # noqa: E402
+from gpuval.finetune.fused_qkv import FusedQkvPart, fuse_qkv  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
 
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -97,7 +98,9 @@ def test_projections_called_out_of_order_are_an_error_not_a_wrong_result():
     fuse_qkv(model)
     attention = model.get_base_model().model.layers[0].self_attn
     x = torch.randn(1, 3, 192, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match=r"k_proj was called out of order .* set train.fuse_qkv=false"):
+    with pytest.raises(
+        RuntimeError, match=r"k_proj was called out of order .* set train.step.fuse_qkv=false"
+    ):
         attention.k_proj(x)
     attention.q_proj(x)
     with pytest.raises(RuntimeError, match="v_proj was called out of order"):
@@ -126,17 +129,29 @@ def test_the_adapter_saves_in_peft_layout_and_loads_with_plain_peft(tmp_path):
 
 
 def test_fuse_qkv_setting_per_device_parallelism_and_targets():
-    assert resolve_fuse_qkv("auto", on_gpu=True, parallel="ddp", target_modules=QKVO) is True
-    assert resolve_fuse_qkv("auto", on_gpu=True, parallel="ddp", target_modules="all-linear") is True
-    assert resolve_fuse_qkv("auto", on_gpu=False, parallel="ddp", target_modules=QKVO) is False
-    assert resolve_fuse_qkv("auto", on_gpu=True, parallel="fsdp", target_modules=QKVO) is False
-    assert resolve_fuse_qkv("auto", on_gpu=True, parallel="ddp", target_modules=["q_proj", "v_proj"]) is False
-    assert resolve_fuse_qkv(True, on_gpu=False, parallel="ddp", target_modules=QKVO) is True  # tests use it
-    assert resolve_fuse_qkv(False, on_gpu=True, parallel="ddp", target_modules=QKVO) is False
-    with pytest.raises(UsageError, match=r"^train.fuse_qkv=true works with train.parallel=ddp only \(fsdp"):
-        resolve_fuse_qkv(True, on_gpu=True, parallel="fsdp", target_modules=QKVO)
+    def fuse(setting, on_gpu: bool, parallel: str, targets=QKVO):
+        return decide(
+            FusedQkvPart(),
+            fuse_qkv=setting,
+            on_gpu=on_gpu,
+            parallel=parallel,
+            lora={"target_modules": targets},
+        )
+
+    assert fuse("auto", True, "ddp").on is True
+    assert fuse("auto", True, "ddp", "all-linear").on is True
+    assert fuse("auto", False, "ddp").on is False
+    under_fsdp = fuse("auto", True, "fsdp")
+    assert under_fsdp.on is False and "fused_qkv off under train.parallel=fsdp" in under_fsdp.note  # said
+    assert fuse("auto", True, "ddp", ["q_proj", "v_proj"]).on is False
+    assert fuse(True, False, "ddp").on is True  # tests use it
+    assert fuse(False, True, "ddp").on is False
+    with pytest.raises(
+        UsageError, match=r"^train.step.fuse_qkv=true works with train.parallel=ddp only \(fsdp"
+    ):
+        fuse(True, True, "fsdp")
     with pytest.raises(UsageError, match=r"needs LoRA on q_proj, k_proj and v_proj .*fuse_qkv=false$"):
-        resolve_fuse_qkv(True, on_gpu=True, parallel="ddp", target_modules=["q_proj", "v_proj"])
+        fuse(True, True, "ddp", ["q_proj", "v_proj"])
 
 
 @pytest.mark.slow
@@ -148,7 +163,9 @@ def test_train_fused_matches_unfused_step_for_step_and_saves_a_peft_adapter(runt
 
     losses, adapters = {}, {}
     for fuse in (False, True):
-        data = config_dict(train_file, tmp_path / str(fuse), max_steps=3, fuse_qkv=fuse, tensorboard=False)
+        data = config_dict(
+            train_file, tmp_path / str(fuse), max_steps=3, step={"fuse_qkv": fuse}, log={"tensorboard": False}
+        )
         data["lora"]["target_modules"] = QKVO
         summary = train(finetune_config_from_dict(data), runtime)
         assert summary["fused_qkv"] is fuse

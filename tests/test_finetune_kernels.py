@@ -1,6 +1,7 @@
-"""finetune/kernels.py on a CPU: the varlen attention path (registered with transformers, documents by
-cu_seq_lens, no mask) computes what the masked SDPA path computes, in the model and in `train`; the
-choice of attention and kernels per device; errors that name the setting."""
+"""The step's kernels on a CPU (attention.py, liger_ops.py, loss_head.py, last_mlp_rows.py): the varlen
+attention path (registered with transformers, documents by cu_seq_lens, no mask) computes what the masked
+SDPA path computes, in the model and in `train`; the choice of attention and kernels per device; errors
+that name the setting."""
 
 from __future__ import annotations
 
@@ -12,20 +13,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
+from gpuval.finetune.attention import AttentionPart, use_varlen_attention  # noqa: E402
+from gpuval.finetune.batches import flatten_for_varlen, label_rows  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.kernels import (  # noqa: E402
-    LastMlpRows,
-    LossHead,
-    flatten_for_varlen,
-    label_rows,
-    resolve_attention,
-    resolve_kernels,
-    resolve_row_kernel,
-    use_varlen_attention,
-)
+from gpuval.finetune.last_mlp_rows import LastMlpRows  # noqa: E402
+from gpuval.finetune.liger_ops import LigerOpsPart  # noqa: E402
+from gpuval.finetune.loss_head import LossHead  # noqa: E402
 from gpuval.finetune.model import load_model  # noqa: E402
 from gpuval.finetune.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
@@ -251,9 +248,8 @@ def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_f
                 tmp_path / attention,
                 max_steps=3,
                 micro_batch_size=2,
-                attention=attention,
-                last_mlp_rows=last_mlp_rows,
-                tensorboard=False,
+                step={"attention": attention, "last_mlp_rows": last_mlp_rows},
+                log={"tensorboard": False},
             )
         )
         summary = train(cfg, runtime, save_adapter=False, quiet=True)
@@ -265,58 +261,74 @@ def test_train_with_varlen_attention_matches_sdpa_step_for_step(runtime, train_f
     assert len(calls) == 12 and calls[1::2] == [None] * 6 and all(n and n > 1 for n in calls[::2])
 
 
+def _attention(**settings):
+    return decide(AttentionPart(), **settings)
+
+
+def _kernels(**settings) -> str:
+    return decide(LigerOpsPart(), **settings).choice
+
+
 def test_device_defaults_and_settings_that_cannot_run_here():
-    assert resolve_attention("auto", on_gpu=False) == "varlen"  # runs per document on a CPU
-    assert resolve_attention("sdpa", on_gpu=False) == "sdpa"
-    assert resolve_kernels("auto", on_gpu=False) == "torch"
-    assert resolve_row_kernel("auto", on_gpu=True) == "varlen"
-    assert resolve_row_kernel("flash", on_gpu=False) == "flash"
-    assert resolve_kernels("torch", on_gpu=True) == "torch"
-    with pytest.raises(UsageError, match=r"^train.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
-        resolve_kernels("liger", on_gpu=False)
+    assert _attention(attention="auto", on_gpu=False).choice == "varlen"  # runs per document on a CPU
+    assert _attention(attention="sdpa", on_gpu=False).choice == "sdpa"
+    assert not _attention(attention="sdpa", on_gpu=False).on
+    assert _kernels(kernels="auto", on_gpu=False) == "torch"
+    assert _attention(row_kernel="auto", on_gpu=True).settings["row_kernel"] == "varlen"  # no Hopper here
+    assert _attention(row_kernel="flash", on_gpu=False).settings["row_kernel"] == "flash"
+    assert _kernels(kernels="torch", on_gpu=True) == "torch"
+    with pytest.raises(UsageError, match=r"^train.step.kernels=liger: Liger-Kernel runs on CUDA GPUs only"):
+        _kernels(kernels="liger", on_gpu=False)
     # gpuval's own fused loss needs no Liger, on a CPU too
-    assert resolve_kernels("liger-loss", on_gpu=False) == "liger-loss"
-    with pytest.raises(UsageError, match=r"^train.loss_kernel=liger: Liger-Kernel runs on CUDA GPUs only"):
-        resolve_kernels("liger-loss", on_gpu=False, loss_kernel="liger")
+    assert _kernels(kernels="liger-loss", on_gpu=False) == "liger-loss"
+    with pytest.raises(
+        UsageError, match=r"^train.step.loss_kernel=liger: Liger-Kernel runs on CUDA GPUs only"
+    ):
+        _kernels(kernels="liger-loss", on_gpu=False, loss_kernel="liger")
 
 
 @pytest.mark.parametrize("installed", [True, False], ids=["liger", "no-liger"])
 def test_auto_kernels_on_a_gpu_keep_the_fused_loss_with_or_without_liger(monkeypatch, installed):
     """Whether Liger-Kernel is installed only decides Liger's model kernels in uncompiled layers: the fused
     loss (gpuval's own by default) is chosen on a GPU either way, so its logits are never materialised."""
-    from gpuval.finetune import kernels
+    from gpuval.finetune import liger_ops
 
-    monkeypatch.setattr(kernels, "_liger_installed", lambda: installed)
-    assert resolve_kernels("auto", on_gpu=True, compiled=True) == "liger-loss"
-    assert resolve_kernels("auto", on_gpu=True, compiled=False) == ("liger" if installed else "liger-loss")
-    assert resolve_kernels("liger-loss", on_gpu=True) == "liger-loss"
+    monkeypatch.setattr(liger_ops, "_liger_installed", lambda: installed)
+    assert _kernels(kernels="auto", on_gpu=True, compiled=True) == "liger-loss"
+    assert _kernels(kernels="auto", on_gpu=True, compiled=False) == ("liger" if installed else "liger-loss")
+    assert _kernels(kernels="liger-loss", on_gpu=True) == "liger-loss"
     if installed:
-        assert resolve_kernels("auto", on_gpu=True, compiled=True, loss_kernel="liger") == "liger-loss"
+        assert _kernels(kernels="auto", on_gpu=True, compiled=True, loss_kernel="liger") == "liger-loss"
         return
     for setting, option in (("liger", "kernels"), ("auto", "loss_kernel"), ("liger-loss", "loss_kernel")):
         loss_kernel = "liger" if option == "loss_kernel" else "auto"
-        with pytest.raises(UsageError, match=rf"^train.{option}=liger: Liger-Kernel is not installed") as err:
-            resolve_kernels(setting, on_gpu=True, compiled=True, loss_kernel=loss_kernel)
+        with pytest.raises(
+            UsageError, match=rf"^train.step.{option}=liger: Liger-Kernel is not installed"
+        ) as err:
+            _kernels(kernels=setting, on_gpu=True, compiled=True, loss_kernel=loss_kernel)
         assert "\n" not in str(err.value) and "pip install 'gpuval[gpu]'" in str(err.value)
-    # transformers' own loss asks for no fused loss: the trainer refuses loss_kernel there itself
-    assert resolve_kernels("torch", on_gpu=True, loss_kernel="liger") == "torch"
+    # transformers' own loss asks for no fused loss: the fused loss part refuses loss_kernel there itself
+    assert _kernels(kernels="torch", on_gpu=True, loss_kernel="liger") == "torch"
 
 
-def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install():
-    from gpuval.finetune.kernels import missing_liger_note
+def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install(monkeypatch):
+    from gpuval.finetune import liger_ops
 
-    note = missing_liger_note("auto", True, "liger-loss", compiled=False)
+    monkeypatch.setattr(liger_ops, "_liger_installed", lambda: False)
+    note = decide(LigerOpsPart(), on_gpu=True, compiled=False).note
     assert note is not None and "\n" not in note and "pip install 'gpuval[gpu]'" in note
-    assert missing_liger_note("auto", True, "liger", compiled=False) is None  # Liger found: nothing to say
-    assert missing_liger_note("auto", True, "liger-loss", compiled=True) is None  # compiled: none missing
-    assert missing_liger_note("auto", False, "torch", compiled=False) is None  # a CPU never fuses
-    assert missing_liger_note("liger-loss", True, "liger-loss", compiled=False) is None  # the user's choice
+    monkeypatch.setattr(liger_ops, "_liger_installed", lambda: True)
+    assert decide(LigerOpsPart(), on_gpu=True).note is None  # Liger found: nothing to say
+    monkeypatch.setattr(liger_ops, "_liger_installed", lambda: False)
+    assert decide(LigerOpsPart(), on_gpu=True, compiled=True).note is None  # compiled: none missing
+    assert decide(LigerOpsPart(), on_gpu=False).note is None  # a CPU never fuses
+    assert decide(LigerOpsPart(), on_gpu=True, kernels="liger-loss").note is None  # the user's choice
 
 
 @pytest.mark.slow
 def test_train_with_the_fused_loss_alone_on_a_cpu_gives_the_plain_losses(runtime, train_file, tmp_path):  # noqa: F811
-    """`train.kernels=liger-loss` with gpuval's own fused loss runs the whole trainer without Liger (a CPU
-    here) and trains exactly as transformers' head and F.cross_entropy do: the same summed loss, float32.
+    """`train.step.kernels=liger-loss` with gpuval's own fused loss runs the whole trainer without Liger (a
+    CPU here) and trains exactly as transformers' head and F.cross_entropy do: the same summed loss, float32.
     The tiny model's shape with random weights: the bundled weights predict this data almost perfectly
     (a loss near 1e-5, all rounding), random ones give a loss of about log(vocabulary)."""
     import shutil
@@ -328,7 +340,9 @@ def test_train_with_the_fused_loss_alone_on_a_cpu_gives_the_plain_losses(runtime
     shutil.copy(Path(finetune_model.__file__).parent / "tiny_model" / "config.json", shape)
     losses = {}
     for kernels in ("torch", "liger-loss"):
-        data = config_dict(train_file, tmp_path / kernels, max_steps=3, kernels=kernels, tensorboard=False)
+        data = config_dict(
+            train_file, tmp_path / kernels, max_steps=3, step={"kernels": kernels}, log={"tensorboard": False}
+        )
         data.update(model=str(shape), tokenizer="tiny")
         summary = train(finetune_config_from_dict(data), runtime)
         assert summary["fused_loss"] is (kernels == "liger-loss")

@@ -19,7 +19,7 @@ SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer e
     "synth.n=600",
     "synth.holdout_n=80",
     "train.max_steps=150",
-    "train.save_every_steps=0",
+    "train.save.every_steps=0",
     "eval.max_examples=40",
 ]
 

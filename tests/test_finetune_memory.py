@@ -1,4 +1,4 @@
-"""train.activation_checkpointing: auto — the step's memory estimate, by hand, and the choice it makes.
+"""train.step.activation_checkpointing: auto — the step's memory estimate, by hand, and the choice it makes.
 
 Figures by hand for the Qwen2-7B shape (finetune/shapes/qwen2-7b/config.json: hidden 3584, intermediate
 18944, 28 layers, 28 heads, 4 KV heads, so KV width 512, vocabulary 152064), bf16, 7,615,616,512 frozen
@@ -57,9 +57,9 @@ def test_an_explicit_setting_is_kept_and_a_cpu_never_recomputes():
 
 
 def test_the_config_takes_auto_true_and_false_and_defaults_to_auto():
-    from gpuval.finetune.config import TrainSettings
+    from gpuval.finetune.config import StepSettings
 
-    assert TrainSettings().activation_checkpointing == "auto" and TrainSettings().compile == "auto"
-    assert TrainSettings(activation_checkpointing=True, compile=False).activation_checkpointing is True
+    assert StepSettings().activation_checkpointing == "auto" and StepSettings().compile == "auto"
+    assert StepSettings(activation_checkpointing=True, compile=False).activation_checkpointing is True
     with pytest.raises(ValueError):
-        TrainSettings(activation_checkpointing="maybe")
+        StepSettings(activation_checkpointing="maybe")

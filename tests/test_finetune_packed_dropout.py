@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import lora_model  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
@@ -24,9 +25,9 @@ from gpuval.finetune.fused_qkv import fuse_qkv  # noqa: E402
 from gpuval.finetune.packed_dropout import (  # noqa: E402
     LEVELS,
     PackedDropout,
+    PackedDropoutPart,
     keep_bits,
     pack_bits,
-    resolve_dropout_kernel,
     threshold_for,
     unpack_bits,
     use_packed_dropout,
@@ -44,11 +45,13 @@ def _within(observed: float, expected: float, n: int, sigmas: float = 5.0) -> bo
 
 
 def test_setting_auto_means_compiled_layers_on_a_gpu():
-    assert resolve_dropout_kernel("auto", on_gpu=True, compiled=True) == "packed"
-    assert resolve_dropout_kernel("auto", on_gpu=True, compiled=False) == "torch"
-    assert resolve_dropout_kernel("auto", on_gpu=False, compiled=True) == "torch"
-    assert resolve_dropout_kernel("packed", on_gpu=False, compiled=False) == "packed"
-    assert resolve_dropout_kernel("torch", on_gpu=True, compiled=True) == "torch"
+    assert decide(PackedDropoutPart(), dropout_kernel="auto", on_gpu=True, compiled=True).choice == "packed"
+    assert decide(PackedDropoutPart(), dropout_kernel="auto", on_gpu=True, compiled=False).choice == "torch"
+    assert decide(PackedDropoutPart(), dropout_kernel="auto", on_gpu=False, compiled=True).choice == "torch"
+    assert (
+        decide(PackedDropoutPart(), dropout_kernel="packed", on_gpu=False, compiled=False).choice == "packed"
+    )
+    assert decide(PackedDropoutPart(), dropout_kernel="torch", on_gpu=True, compiled=True).choice == "torch"
 
 
 def test_the_threshold_is_p_at_16_bit_resolution():
@@ -155,7 +158,11 @@ def test_a_run_with_packed_dropout_resumes_to_the_uninterrupted_runs_losses_and_
 ):
     def config(name: str):
         data = config_dict(
-            train_file, tmp_path / name, max_steps=6, save_every_steps=2, dropout_kernel="packed"
+            train_file,
+            tmp_path / name,
+            max_steps=6,
+            save={"every_steps": 2},
+            step={"dropout_kernel": "packed"},
         )
         data["lora"]["dropout"] = 0.2
         return finetune_config_from_dict(data)

@@ -103,7 +103,7 @@ def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gp
         "synth.n=40",
         "synth.holdout_n=12",
         "train.max_steps=2",
-        "train.save_every_steps=0",
+        "train.save.every_steps=0",
         "data.max_seq_len=512",
         "eval.max_examples=3",
         "eval.max_new_tokens=8",

@@ -30,7 +30,7 @@ def test_finetune_run_shows_progress_per_split_and_sends_library_chatter_to_the_
         "synth.n=40",
         "synth.holdout_n=12",
         "train.max_steps=1",
-        "train.save_every_steps=0",
+        "train.save.every_steps=0",
         "data.max_seq_len=256",
         "eval.max_examples=3",
         "eval.max_new_tokens=4",

@@ -13,15 +13,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import QKVO, lora_model  # noqa: E402
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.fused_qkv import fuse_qkv  # noqa: E402
-from gpuval.finetune.kernels import LastMlpRows  # noqa: E402
+from gpuval.finetune.last_mlp_rows import LastMlpRows  # noqa: E402
 from gpuval.finetune.split_products import (  # noqa: E402
+    SplitProductsPart,
     column_grouped_mm,
     column_groups,
-    resolve_split_products,
     split_products,
 )
 
@@ -42,12 +43,14 @@ def test_column_groups_are_the_largest_power_of_two_and_the_rest():
 
 
 def test_setting_auto_means_compiled_layers_on_a_gpu():
-    assert resolve_split_products("auto", on_gpu=True, compiled=True)
-    assert not resolve_split_products("auto", on_gpu=True, compiled=False)
-    assert not resolve_split_products("auto", on_gpu=False, compiled=True)
-    assert resolve_split_products(True, on_gpu=False, compiled=False)
-    assert not resolve_split_products(False, on_gpu=True, compiled=True)
-    assert not resolve_split_products("auto", on_gpu=True, compiled=True, parallel="fsdp")  # not measured
+    assert decide(SplitProductsPart(), split_products="auto", on_gpu=True, compiled=True).on
+    assert not decide(SplitProductsPart(), split_products="auto", on_gpu=True, compiled=False).on
+    assert not decide(SplitProductsPart(), split_products="auto", on_gpu=False, compiled=True).on
+    assert decide(SplitProductsPart(), split_products=True, on_gpu=False, compiled=False).on
+    assert not decide(SplitProductsPart(), split_products=False, on_gpu=True, compiled=True).on
+    assert not decide(
+        SplitProductsPart(), split_products="auto", on_gpu=True, compiled=True, parallel="fsdp"
+    ).on  # not measured
 
 
 @pytest.mark.parametrize(
@@ -89,7 +92,7 @@ def test_only_frozen_plain_linears_change_and_true_with_none_is_an_error():
     assert split_products(layers, HIDDEN) == len(layers) * PER_LAYER - 1
     assert layers[0].mlp.down_proj.forward == forward
     assert split_products(layers, 256) == 0  # no side of a power-of-two width is split
-    with pytest.raises(UsageError, match=r"^train.split_products=true: no frozen linear"):
+    with pytest.raises(UsageError, match=r"^train.step.split_products=true: no frozen linear"):
         split_products(layers, 4096, required=True)
 
 

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from conftest import cli_env  # noqa: E402
 
+from gpuval.config import deep_merge  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.checkpoint import latest_checkpoint  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
@@ -41,20 +42,21 @@ def train_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config_dict(train_file: Path, output: Path, **train_settings: object) -> dict:
+    """The tests' fine-tune config; `train_settings` merge into its train section (sections such as
+    step={"fuse_qkv": True} deeply)."""
+    train = {
+        "micro_batch_size": 1,
+        "grad_accum_steps": 2,
+        "max_steps": 20,
+        "seed": 7,
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+    }
     return {
         "model": "tiny",
         "dtype": "float32",
         "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
         "data": {"train": str(train_file), "max_seq_len": 256},
-        "train": {
-            "micro_batch_size": 1,
-            "grad_accum_steps": 2,
-            "lr": 3e-3,
-            "warmup_steps": 2,
-            "max_steps": 20,
-            "seed": 7,
-            **train_settings,
-        },
+        "train": deep_merge(train, train_settings),
         "output": str(output),
     }
 
@@ -102,7 +104,7 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):
-    settings: dict[str, object] = {"max_steps": 8, "save_every_steps": 2, "keep_last": 2}
+    settings: dict[str, object] = {"max_steps": 8, "save": {"every_steps": 2, "keep_last": 2}}
     settings["parallel"] = parallel
     if parallel == "deepspeed":
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
@@ -175,24 +177,45 @@ def test_unknown_config_key_is_a_usage_error_naming_it(train_file, tmp_path):
     good.write_text(yaml.safe_dump(data), encoding="utf-8")
     assert load_finetune_config(good, ["train.max_steps=3"]).train.max_steps == 3
 
-    data["train"]["warmup_step"] = 5
+    data["train"]["optim"]["warmup_step"] = 5
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(data), encoding="utf-8")
-    with pytest.raises(UsageError, match=r"unknown key 'train\.warmup_step' \(did you mean 'warmup_steps'"):
+    with pytest.raises(
+        UsageError, match=r"unknown key 'train\.optim\.warmup_step' \(did you mean 'warmup_steps'"
+    ):
         load_finetune_config(bad)
     with pytest.raises(UsageError, match=r"unknown key 'lora\.ranks'"):
         load_finetune_config(good, ["lora.ranks=4"])
 
 
+def test_a_key_that_moved_into_a_section_is_an_error_naming_its_new_place(train_file, tmp_path):
+    """issue 35 nested train's settings by concern: an old flat key is unknown, and the error says where
+    it went."""
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(config_dict(train_file, tmp_path / "run")), encoding="utf-8")
+    for old, new in (
+        ("compile", "step.compile"),
+        ("fp8_exclude", "step.fp8.exclude"),
+        ("save_every_steps", "save.every_steps"),
+        ("lr", "optim.lr"),
+        ("fuse_gate_up", "experimental.fuse_gate_up"),
+    ):
+        with pytest.raises(
+            UsageError, match=rf"unknown key 'train\.{old}' \(train\.{old} moved to train\.{new}\)$"
+        ):
+            load_finetune_config(good, [f"train.{old}=1"])
+    assert load_finetune_config(good, ["train.step.compile=false"]).train.step.compile is False
+
+
 def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
-    import gpuval.finetune.trainer as train_module
+    import gpuval.finetune.step as step_module
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("the model was loaded before the DeepSpeed config was checked")
 
-    monkeypatch.setattr(train_module, "load_model", no_load)
+    monkeypatch.setattr(step_module, "load_model", no_load)
     missing = tmp_path / "zero3.json"
     cfg = finetune_config_from_dict(
         config_dict(train_file, tmp_path / "out", parallel="deepspeed", deepspeed_config=str(missing))
@@ -204,16 +227,18 @@ def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
 def test_a_loss_kernel_for_a_run_without_the_fused_loss_is_refused_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
-    """On a CPU the loss is not fused by default (kernels auto resolve to torch), so train.loss_kernel=chunked
-    would be ignored, and Liger's loss cannot run there at all: each refused in one line instead, before any
-    model is built."""
-    from gpuval.finetune import trainer
+    """On a CPU the loss is not fused by default (kernels auto resolve to torch), so
+    train.step.loss_kernel=chunked would be ignored, and Liger's loss cannot run there at all: each refused in
+    one line instead, before any model is built."""
+    from gpuval.finetune import step
 
-    monkeypatch.setattr(trainer, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(step, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     why = {"chunked": "chooses .* here torch, ", "liger": "Liger-Kernel runs on CUDA GPUs only; "}
     for kernel in ("chunked", "liger"):
-        cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / kernel, loss_kernel=kernel))
-        with pytest.raises(UsageError, match=rf"^train\.loss_kernel={kernel}:? {why[kernel]}.*auto"):
+        cfg = finetune_config_from_dict(
+            config_dict(train_file, tmp_path / kernel, step={"loss_kernel": kernel})
+        )
+        with pytest.raises(UsageError, match=rf"^train\.step\.loss_kernel={kernel}:? {why[kernel]}.*auto"):
             train(cfg, runtime, save_adapter=False, quiet=True)
         assert not (tmp_path / kernel).exists()
 
@@ -225,17 +250,17 @@ def test_a_nan_loss_is_an_error_naming_the_step_and_nothing_of_that_step_is_save
     runtime, train_file, tmp_path, monkeypatch
 ):
     from gpuval.errors import RunError
-    from gpuval.finetune import kernels
+    from gpuval.finetune import loss_head
 
-    plain_loss, calls = kernels.LossHead.__call__, []
+    plain_loss, calls = loss_head.LossHead.__call__, []
 
     def nan_from_step_3(self, *args):  # 2 micro-batches a step: calls 5 and on are step 3
         calls.append(1)
         loss = plain_loss(self, *args)
         return loss * float("nan") if len(calls) > 4 else loss
 
-    monkeypatch.setattr(kernels.LossHead, "__call__", nan_from_step_3)
-    settings = {"max_steps": 4, "save_every_steps": 1, "keep_last": 10}
+    monkeypatch.setattr(loss_head.LossHead, "__call__", nan_from_step_3)
+    settings = {"max_steps": 4, "save": {"every_steps": 1, "keep_last": 10}}
     cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / "run", **settings))
     with pytest.raises(RunError, match=r"diverged at step 3: loss nan") as caught:
         train(cfg, runtime)
@@ -249,14 +274,15 @@ def test_a_nan_loss_is_an_error_naming_the_step_and_nothing_of_that_step_is_save
 
 
 def test_an_infinite_lr_stops_at_the_first_step_whose_update_is_not_finite(runtime, train_file, tmp_path):
-    """train.lr=.inf is refused by the config now; a config built past validation still cannot save NaN:
+    """train.optim.lr=.inf is refused by the config now; a config built past validation still cannot save NaN:
     step 1's loss is finite (the weights are still the initial ones), its update is not."""
     from gpuval.errors import RunError
 
     cfg = finetune_config_from_dict(
-        config_dict(train_file, tmp_path / "run", max_steps=2, save_every_steps=1)
+        config_dict(train_file, tmp_path / "run", max_steps=2, save={"every_steps": 1})
     )
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"lr": float("inf")})})
+    optim = cfg.train.optim.model_copy(update={"lr": float("inf")})
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"optim": optim})})
     with pytest.raises(RunError, match=r"diverged at step 1: loss [^,n]+, \d+ adapter tensor\(s\) with NaN"):
         train(cfg, runtime)
     assert not (tmp_path / "run" / "adapter").exists()
@@ -270,7 +296,9 @@ def test_two_ranks_diverging_both_stop_at_the_same_step_with_exit_3(train_file, 
     """lr 1e30 (set past the config's bound of 1 by the worker) blows the weights up: the loss, reduced
     over the ranks, is the same number on both, so both raise at the same step and neither waits."""
     config = tmp_path / "run.yaml"
-    data = config_dict(train_file, tmp_path / "run", max_steps=4, save_every_steps=1, warmup_steps=1)
+    data = config_dict(
+        train_file, tmp_path / "run", max_steps=4, save={"every_steps": 1}, optim={"warmup_steps": 1}
+    )
     config.write_text(yaml.safe_dump(data), encoding="utf-8")
     torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
     proc = subprocess.run(
@@ -311,7 +339,7 @@ def checkpointed(train_file, tmp_path_factory) -> tuple[dict, Path]:
         rt = init_runtime(timeout_s=30, backend="gloo")
         try:
             output = tmp_path_factory.mktemp("checkpointed") / "run"
-            data = config_dict(train_file, output, max_steps=4, save_every_steps=2)
+            data = config_dict(train_file, output, max_steps=4, save={"every_steps": 2})
             train(finetune_config_from_dict(data), rt, stop_after_step=2)
         finally:
             rt.shutdown()

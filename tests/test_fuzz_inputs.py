@@ -300,7 +300,7 @@ BASE_CONFIG = {
     "model": "tiny",
     "lora": {"rank": 4, "alpha": 8.0, "dropout": 0.0},
     "data": {"train": "{output}/data/train.jsonl", "max_seq_len": 64},
-    "train": {"micro_batch_size": 1, "lr": 0.001, "max_steps": 2, "grad_clip": 1.0},
+    "train": {"micro_batch_size": 1, "max_steps": 2, "optim": {"lr": 0.001, "grad_clip": 1.0}},
     "output": "run",
     "synth": {"n": 4},
     "eval": {"batch_size": 2, "max_examples": 2},
@@ -672,9 +672,9 @@ def test_refused_values(assignment, fragment, tmp_path, stub_work):
 def test_finetune_lr_inf_is_refused(tmp_path, stub_work):
     config = tmp_path / "ft.yaml"
     config.write_text(_dump_yaml(BASE_CONFIG))
-    result = invoke(["finetune", "train", "--config", str(config), "--set", "train.lr=.inf"], tmp_path)
-    assert_clean(result, {2}, "train.lr=.inf")
-    assert "train.lr" in result[2]
+    result = invoke(["finetune", "train", "--config", str(config), "--set", "train.optim.lr=.inf"], tmp_path)
+    assert_clean(result, {2}, "train.optim.lr=.inf")
+    assert "train.optim.lr" in result[2]
 
 
 @pytest.mark.parametrize("schema", ["gpuval.result/v2", "gpuval.result/v0", "something/else", None])

@@ -311,7 +311,9 @@ def _tiny_training(tmp_path: Path) -> Path:
     config.pop("synth", None)
     config.pop("prepare", None)
     config["data"] = {"train": str(train), "max_seq_len": 256}
-    config["train"].update(max_steps=10000, warmup_steps=1, save_every_steps=0)
+    config["train"].update(max_steps=10000)
+    config["train"]["optim"]["warmup_steps"] = 1
+    config["train"]["save"]["every_steps"] = 0
     config["output"] = str(tmp_path / "run")
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -194,7 +194,7 @@ def test_tiny_finetune_trains_with_ddp_across_two_nodes(slurm, tmp_path):
             "--set",
             "train.max_steps=4",
             "--set",
-            "train.save_every_steps=0",
+            "train.save.every_steps=0",
             "--set",
             "eval.max_examples=4",
             "--set",

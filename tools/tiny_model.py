@@ -225,8 +225,8 @@ def pretrain(
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from gpuval.finetune.batches import data_order, to_device
-    from gpuval.finetune.kernels import flatten_for_varlen, use_varlen_attention
+    from gpuval.finetune.attention import use_varlen_attention
+    from gpuval.finetune.batches import data_order, flatten_for_varlen, to_device
     from gpuval.finetune.optim import lr_factor
     from gpuval.finetune.packing import collate, pack
     from gpuval.finetune.parallel import decoder_layers
@@ -252,7 +252,7 @@ def pretrain(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, PRETRAIN_WARMUP, steps)
     )
-    # Attention per document, as fine-tuning does (kernels.py): flash-attention varlen on a GPU, SDPA per
+    # Attention per document, as fine-tuning does (attention.py): flash-attention varlen on a GPU, SDPA per
     # document on a CPU (faster there than one dense (seq, seq) mask); no mask exists at all.
     use_varlen_attention(model, "varlen")
     if on_gpu:

@@ -265,6 +265,19 @@ def parse_set(assignment: str) -> tuple[list[str], Any]:
     return parts, value
 
 
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` laid over it, section by section: a mapping in both merges key by key (so
+    overriding `step.compile` keeps `base`'s other `step` keys); anything else in `overrides` replaces.
+    Neither argument is changed."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
 def apply_sets(
     data: dict[str, Any], assignments: list[str], dotted_maps: tuple[str, ...] = ("checks",)
 ) -> None:
@@ -295,10 +308,15 @@ def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> st
     location = ".".join(str(part) for part in first["loc"])
     if first["type"] == "extra_forbidden":
         key = str(first["loc"][-1])
-        known = _known_keys(model, first["loc"][:-1])
+        section = _model_at(model, first["loc"][:-1])
+        known = sorted(section.model_fields) if section is not None else []
+        moved = getattr(section, "moved_keys", {}).get(key)  # a key a section took over
         close = difflib.get_close_matches(key, known, n=1)
+        where = ".".join(str(part) for part in first["loc"][:-1])
         hint = (
-            f" (did you mean '{close[0]}'?)"
+            f" ({where}.{key} moved to {where}.{moved})"
+            if moved
+            else f" (did you mean '{close[0]}'?)"
             if close
             else f" (known keys: {', '.join(known)})"
             if known
@@ -312,15 +330,16 @@ def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> st
     return f"{source}: '{location}': {first['msg']}{shown}"
 
 
-def _known_keys(model: type[BaseModel], location: tuple[Any, ...]) -> list[str]:
-    """Field names valid at `location` (for 'did you mean'); steps over the keys of dict fields."""
+def _model_at(model: type[BaseModel], location: tuple[Any, ...]) -> Any:
+    """The model class of the section at `location` (for 'did you mean'); steps over the keys of dict
+    fields; None where there is none."""
     current: Any = model
     parts = list(location)
     while parts and current is not None:
         part = parts.pop(0)
         field = current.model_fields.get(part)
         if field is None:
-            return []
+            return None
         annotation = field.annotation
         # an optional mapping (by_gpus) is a mapping too
         annotation = next((a for a in get_args(annotation) if get_origin(a) is dict), annotation)
@@ -330,7 +349,7 @@ def _known_keys(model: type[BaseModel], location: tuple[Any, ...]) -> list[str]:
             current = _model_of(get_args(annotation)[1])
         else:
             current = _model_of(annotation)
-    return sorted(current.model_fields) if current is not None else []
+    return current
 
 
 def _model_of(annotation: Any) -> Any:

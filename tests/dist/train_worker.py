@@ -2,7 +2,7 @@
 
     train_worker.py CONFIG.yaml OUT.json [LR]
 
-LR, when given, replaces train.lr after validation (the config refuses a learning rate above 1: a run
+LR, when given, replaces train.optim.lr after validation (the config refuses a learning rate above 1: a run
 that must diverge is made here, past it).
 
 Rank 0 writes the summary train() returns as JSON; a rank that stops with a gpuval error writes
@@ -29,7 +29,8 @@ def main() -> None:
             config = load_finetune_config(config_path)
             if len(sys.argv) > 3:
                 lr = float(sys.argv[3])
-                config = config.model_copy(update={"train": config.train.model_copy(update={"lr": lr})})
+                optim = config.train.optim.model_copy(update={"lr": lr})
+                config = config.model_copy(update={"train": config.train.model_copy(update={"optim": optim})})
             summary = train(config, runtime)
         except GpuvalError as exc:
             error_file = out_path.with_name(f"{out_path.name}.rank{runtime.rank}.error")

@@ -23,8 +23,8 @@ for mode in $MODES; do
   torchrun --standalone --nproc_per_node="$GPUS" -m gpuval finetune train \
     --config configs/finetune/qwen2-7b-lora.yaml --set model=qwen2-7b-shape --set tokenizer=tiny \
     --set data.train="$W/data/train.jsonl" --set data.eval=null --set output="$W/$mode" \
-    --set train.parallel="$mode" --set train.max_steps="$STEPS" --set train.warmup_steps=2 \
-    --set train.lr=1e-4 --set train.save_every_steps=0 --set train.log_every_steps=1 "${extra[@]}"
+    --set train.parallel="$mode" --set train.max_steps="$STEPS" --set train.optim.warmup_steps=2 \
+    --set train.optim.lr=1e-4 --set train.save.every_steps=0 --set train.log.every_steps=1 "${extra[@]}"
   rc=$?
   echo "=== $mode exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
   [ -f "$W/$mode/train_summary.json" ] && cp "$W/$mode/train_summary.json" "$OUT/finetune-$mode.json"

@@ -31,8 +31,8 @@ run() {  # NAME CONFIG: STEPS steps of that config, as shipped but for the steps
   start=$(date +%s.%N)
   timeout 280 python3 -m gpuval finetune train --config "$config" --set model=qwen2-7b-shape \
     --set tokenizer=tiny --set data.train="$W/data/train.jsonl" --set data.eval=null \
-    --set output="$W/$name" --set train.max_steps="$STEPS" --set train.warmup_steps=2 \
-    --set train.save_every_steps=0 --set train.log_every_steps=1
+    --set output="$W/$name" --set train.max_steps="$STEPS" --set train.optim.warmup_steps=2 \
+    --set train.save.every_steps=0 --set train.log.every_steps=1
   rc=$?
   echo "=== $name exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
   [ -f "$W/$name/train_summary.json" ] && cp "$W/$name/train_summary.json" "$OUT/$name.json"

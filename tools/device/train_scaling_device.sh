@@ -13,7 +13,7 @@ MODES=${MODES:-"ddp fsdp deepspeed"}
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 W=/tmp/gpuval-scaling
 mkdir -p "$W"
-COMMON=(--set steps="$STEPS" --set warmup_steps="$WARMUP" --set lora_dropout=0.05)
+COMMON=(--set steps="$STEPS" --set untimed_steps="$WARMUP" --set lora.dropout=0.05)
 run() {  # run NAME COMMAND...: time it, keep its exit code
   local name=$1; shift
   local start
@@ -29,7 +29,7 @@ run() {  # run NAME COMMAND...: time it, keep its exit code
     extra=(--set parallel="$mode")
     # ZeRO-3 without compiled layers: its parameter gathering in module hooks is untried under compile.
     [ "$mode" = deepspeed ] && extra+=(--set deepspeed_config=configs/finetune/deepspeed/zero3.json \
-      --set compile=false)
+      --set step.compile=false)
     run "$mode" torchrun --standalone --nproc_per_node="$GPUS" -m gpuval bench train "${COMMON[@]}" \
       "${extra[@]}" --output "$W/train-$mode.json"
   done

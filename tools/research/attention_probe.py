@@ -113,17 +113,17 @@ def measure(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: to
 
 
 def compiles_without_break() -> dict[str, Any]:
-    """gpuval's row kernel (kernels._causal_rows) under torch._dynamo.explain."""
-    from gpuval.finetune import kernels
+    """gpuval's row kernel (attention._causal_rows) under torch._dynamo.explain."""
+    from gpuval.finetune import attention
 
-    kernels._ROW_KERNEL = "cudnn"
-    kernels._CUDNN_GQA = kernels._cudnn_gqa(torch.device("cuda"))
+    attention._ROW_KERNEL = "cudnn"
+    attention._CUDNN_GQA = attention._cudnn_gqa(torch.device("cuda"))
     q, k, v = inputs(torch.Generator(device="cuda").manual_seed(1))
-    explained = torch._dynamo.explain(kernels._causal_rows)(q, k, v, None)
+    explained = torch._dynamo.explain(attention._causal_rows)(q, k, v, None)
     return {
         "graph_breaks": explained.graph_break_count,
         "reasons": [str(r.reason) for r in explained.break_reasons][:3],
-        "cudnn_gqa": kernels._CUDNN_GQA,
+        "cudnn_gqa": attention._CUDNN_GQA,
     }
 
 

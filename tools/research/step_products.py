@@ -13,7 +13,7 @@ product alone, beside other ways to run the same arithmetic:
 - `gate_up_input_grad`: d(x) = d(gate) @ W_gate + d(up) @ W_up as the trainer's autograd runs it (two
   products and an add), as one batched product over the stacked pair (`bmm` then a sum: twice the tiles in
   one launch, so one partial wave instead of two), as one product over the concatenated pair (K = 37,888,
-  what `train.fuse_gate_up` does) and as two products on two CUDA streams;
+  what `train.experimental.fuse_gate_up` does) and as two products on two CUDA streams;
 - `gate_up_forward`: two products, one broadcast batched product over the stacked pair, one concatenated
   product;
 - `down_forward`: F.linear, with cuBLASLt preferred, and transposed (W @ h^T);
@@ -383,7 +383,7 @@ def attention_flops(batch: int, heads: int, seq: int, head_dim: int, backward: b
 def attention(args: argparse.Namespace) -> dict[str, Any]:
     """Causal grouped-query attention at Qwen2-7B's layer shape (28 query heads, 4 key/value heads, head
     size 128) over `--rows` / `--seq-len` rows, through each kernel this machine has: cuDNN's and
-    FlashAttention-2's through SDPA (`train.row_kernel` cudnn and flash) and FlashAttention-4's Hopper
+    FlashAttention-2's through SDPA (`train.step.row_kernel` cudnn and flash) and FlashAttention-4's Hopper
     kernels (the flash-attn-4 package, `flash_attn.cute`) when installed. Inputs are token-major (batch,
     tokens, heads, head size) as the projections make them; SDPA gets head-major views of them.
 

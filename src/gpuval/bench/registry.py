@@ -67,9 +67,10 @@ class Benchmark:
         return tuple(decl.name for decl in self.metrics)
 
     def make_options(self, overrides: dict[str, Any], quick: bool, on_gpu: bool, source: str) -> Any:
-        from gpuval.config import validate_model
+        from gpuval.config import deep_merge, validate_model
 
-        values = {**self.defaults(quick, on_gpu), **overrides}
+        # deep: overriding one key of a section (train's step.compile) keeps that section's other defaults
+        values = deep_merge(self.defaults(quick, on_gpu), overrides)
         return validate_model(self.options, values, source)
 
 

@@ -17,7 +17,7 @@ from gpuval import derived
 from gpuval.bench.registry import BenchmarkSkipped, Context, all_benchmarks
 from gpuval.bench.registry import producers as registry_producers
 from gpuval.checkref import CheckRef
-from gpuval.config import Profile, validate_model
+from gpuval.config import Profile
 from gpuval.deadline import phase
 from gpuval.errors import UsageError
 from gpuval.results import Measurement, Status
@@ -87,8 +87,7 @@ def plan_benchmarks(profile: Profile, quick: bool, on_gpu: bool) -> dict[str, An
 
 
 def bench_options(name: str, assignments: dict[str, Any], quick: bool, on_gpu: bool) -> Any:
-    bench = all_benchmarks()[name]
-    return validate_model(bench.options, {**bench.defaults(quick, on_gpu), **assignments}, f"bench {name}")
+    return all_benchmarks()[name].make_options(assignments, quick, on_gpu, f"bench {name}")
 
 
 def expected_benchmark_s(name: str, options: Any, runtime: Any) -> float:

@@ -2,17 +2,19 @@
 
 The benchmark writes synthetic Glaive-format conversations (prepared, one file per rank, the same on every
 rank), builds a fine-tune config from its options and calls `gpuval.finetune.trainer.train` for
-`warmup_steps + steps` optimizer steps on one global batch of sequences, the same every step; the first
-`warmup_steps` are not counted. Every step is timed with
-CUDA events on a GPU (train.py), so this is the step of a real fine-tune, not a stand-in.
+`untimed_steps + steps` optimizer steps on one global batch of sequences, the same every step; the first
+`untimed_steps` are not counted (no learning-rate warm-up: the LR is constant). Every step is timed with
+CUDA events on a GPU (trainer.py), so this is the step of a real fine-tune, not a stand-in. Its `lora`,
+`step` and `experimental` options are the fine-tune config's own sections (finetune/config.py), passed to
+the trainer as they are; `--set step.compile=false` changes that one key and keeps the other defaults.
 
 On a GPU the defaults are gpuval's fastest measured step (benchmarks/NOTES.md): micro-batch 3, varlen
 attention (cuDNN's causal kernel for whole-document rows on Hopper), a fused linear + cross-entropy
 (gpuval's chunked one; `loss_kernel=liger` runs Liger's), compiled decoder layers, q/k/v fused, no
 activation checkpointing;
-`--set compile=false`, `kernels=torch`, `attention=sdpa`, `fuse_qkv=false`, `fuse_gate_up=false`,
-`activation_checkpointing=true`
-take them away, and `--set precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
+`--set step.compile=false`, `step.kernels=torch`, `step.attention=sdpa`, `step.fuse_qkv=false`,
+`step.activation_checkpointing=true` take them away, `experimental.fuse_gate_up=true` adds the slower fused
+gate/up, and `--set step.precision=fp8-base` runs the frozen base's products in FP8 (Hopper).
 
 - `mode: packed`: conversations packed to `seq_len` with per-document attention (S_eff = Σs²/Σs);
 - `mode: fixed`: every sequence is one conversation of exactly `seq_len` tokens (long conversations cut),
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.deadline import FIRST_STEP_S
 from gpuval.errors import RunError
-from gpuval.finetune.config import Precision
+from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 
@@ -57,80 +59,51 @@ class TrainBenchOptions(BaseModel):
     mode: Literal["packed", "fixed"] = Field("packed", description="packed documents or one per sequence")
     records: int = Field(ge=1, description="synthetic conversations to draw sequences from")
     steps: int = Field(ge=1, description="timed optimizer steps")
-    warmup_steps: int = Field(ge=0, description="untimed steps first (allocator, kernels, autotuning)")
+    untimed_steps: int = Field(
+        ge=0, description="untimed steps first (allocator, kernels, autotuning); not a learning-rate warm-up"
+    )
     micro_batch_size: int = Field(1, ge=1, description="sequences per forward per GPU")
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    lora_rank: int = Field(64, ge=1)
-    lora_alpha: float = Field(128.0, gt=0)
-    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input (recipe: 0.05)")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lr: float = Field(
+        1e-4, gt=0, description="constant; large enough that a few steps visibly lower the loss"
     )
-    activation_checkpointing: bool = False
-    attention: Literal["auto", "sdpa", "varlen"] = Field(
-        "auto", description="varlen (flash varlen, no mask) or sdpa (dense mask); auto: varlen"
-    )
-    row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
-        "auto", description="attention kernel of rows holding one whole document (mode fixed); see finetune"
-    )
-    varlen_kernel: Literal["auto", "fa4", "flash"] = Field(
-        "auto", description="attention kernel of rows of packed documents (mode packed); see finetune"
-    )
-    kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
-        "auto",
-        description="fused loss with Liger's ops (liger) or alone (liger-loss), or transformers' own "
-        "(torch); auto: on a GPU liger-loss when compiled, else liger where installed (see finetune)",
-    )
-    compile: bool = Field(False, description="torch.compile every decoder layer")
-    precision: Precision = Field(
-        "bf16", description="frozen base products in bf16, or FP8 with row-wise scales (Hopper; finetune)"
-    )
-    fp8_fast_accum: bool = Field(
-        False, description="fp8-base: fast FP8 accumulation in the forward (finetune)"
-    )
-    fp8_input_grad: bool = Field(True, description="fp8-base: input gradients in FP8 too (finetune)")
-    fp8_exclude: list[str] | None = Field(
-        None,
-        description="fp8-base: linears kept in bf16, glob patterns; unset: first and last layer (finetune)",
-    )
-    fuse_qkv: bool | Literal["auto"] = Field(
-        "auto", description="q/k/v and their adapters as one product (finetune); auto: on a GPU under ddp"
-    )
-    last_mlp_rows: Literal["labelled", "all"] = Field(
-        "labelled", description="the last layer's MLP on the labelled rows only, or all (finetune)"
-    )
-    fuse_gate_up: bool | Literal["auto"] = Field(
-        False, description="the MLP's gate and up as one product (finetune; off: measured slower)"
-    )
-    split_products: bool | Literal["auto"] = Field(
-        "auto",
-        description="hidden-size products as two column groups (finetune); auto: compiled on a GPU, ddp",
-    )
-    loss_kernel: Literal["auto", "chunked", "liger"] = Field(
-        "auto", description="the fused loss: gpuval's chunked one or Liger's (finetune); auto: chunked"
-    )
-    dropout_kernel: Literal["auto", "packed", "torch"] = Field(
-        "auto", description="LoRA's dropout mask: packed bits or nn.Dropout's (finetune); auto: compiled GPU"
-    )
+    dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
+    parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
+    deepspeed_config: str | None = None
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )
-    parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
-    deepspeed_config: str | None = None
-    dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
-    lr: float = Field(1e-4, gt=0, description="large enough that a few steps visibly lower the loss")
+    summary_to: str | None = Field(
+        None, description="copy the trainer's train_summary.json, with its per-step losses, to this path"
+    )
+    # The fine-tune config's own sections (finetune/config.py); the bench's defaults differ where a
+    # measurement needs it: no adapter dropout, activations kept, eager layers unless _defaults compiles.
+    lora: LoraSettings = Field(default_factory=lambda: LoraSettings(dropout=0.0))
+    step: StepSettings = Field(
+        default_factory=lambda: StepSettings(activation_checkpointing=False, compile=False)
+    )
+    experimental: ExperimentalSettings = ExperimentalSettings()
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
+    # The sections' bench defaults, merged key by key with --set (registry.make_options): `--set
+    # step.fuse_qkv=false` keeps activations and compiling as below.
+    sections = {
+        "lora": {"dropout": 0.0},  # the recipe's is 0.05; the measured step's products are the same
+        "step": {"activation_checkpointing": False, "compile": on_gpu},
+    }
+    return {**sections, **_sizes(quick, on_gpu)}
+
+
+def _sizes(quick: bool, on_gpu: bool) -> dict[str, Any]:
     if on_gpu:  # issue 5: Qwen2-7B + LoRA r64 q/k/v/o at 4096 tokens, gpuval's fastest measured settings
         return {
             "model": "qwen2-7b-shape",
             "seq_len": 4096,
             "micro_batch_size": 3,  # fits 80 GB, no checkpointing, with the fused loss (benchmarks/NOTES.md)
-            "compile": True,
             "records": 3000,
             "steps": 4 if quick else 10,
-            "warmup_steps": 2 if quick else 3,
+            "untimed_steps": 2 if quick else 3,
             "dtype": "bfloat16",
         }
     return {
@@ -138,7 +111,7 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         "seq_len": 512,
         "records": 200,
         "steps": 3 if quick else 6,
-        "warmup_steps": 1,
+        "untimed_steps": 1,
         "dtype": "float32",
         "lr": 2e-3,
     }
@@ -194,7 +167,7 @@ def _scratch() -> tempfile.TemporaryDirectory:
 
 def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
     from gpuval.finetune.config import finetune_config_from_dict
-    from gpuval.finetune.trainer import PROFILE, train
+    from gpuval.finetune.trainer import PROFILE, SUMMARY_JSON, train
 
     runtime = ctx.runtime
     ctx.progress("train: synthetic data")
@@ -207,40 +180,22 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                 "model": options.model,
                 "tokenizer": options.tokenizer,
                 "dtype": options.dtype,
-                "lora": {
-                    "rank": options.lora_rank,
-                    "alpha": options.lora_alpha,
-                    "dropout": options.lora_dropout,
-                    "target_modules": options.target_modules,
-                },
+                "lora": options.lora.model_dump(),
                 "data": {"train": str(data), "max_seq_len": options.seq_len},
                 "train": {
                     "micro_batch_size": options.micro_batch_size,
                     "grad_accum_steps": options.grad_accum_steps,
-                    "lr": options.lr,
-                    "warmup_steps": 0,
-                    "max_steps": options.warmup_steps + options.steps,
-                    "activation_checkpointing": options.activation_checkpointing,
-                    "attention": options.attention,
-                    "row_kernel": options.row_kernel,
-                    "varlen_kernel": options.varlen_kernel,
-                    "kernels": options.kernels,
-                    "compile": options.compile,
-                    "precision": options.precision,
-                    "fp8_fast_accum": options.fp8_fast_accum,
-                    "fp8_input_grad": options.fp8_input_grad,
-                    "fp8_exclude": options.fp8_exclude,
-                    "fuse_qkv": options.fuse_qkv,
-                    "last_mlp_rows": options.last_mlp_rows,
-                    "fuse_gate_up": options.fuse_gate_up,
-                    "split_products": options.split_products,
-                    "loss_kernel": options.loss_kernel,
-                    "dropout_kernel": options.dropout_kernel,
-                    "profile_steps": 2 if options.profile_dir else 0,
+                    "max_steps": options.untimed_steps + options.steps,
                     "parallel": options.parallel,
                     "deepspeed_config": options.deepspeed_config,
-                    "tensorboard": False,
-                    "log_every_steps": 10**6,
+                    "optim": {"lr": options.lr, "warmup_steps": 0},
+                    "log": {
+                        "tensorboard": False,
+                        "every_steps": 10**6,
+                        "profile_steps": 2 if options.profile_dir else 0,
+                    },
+                    "step": options.step.model_dump(),
+                    "experimental": options.experimental.model_dump(),
                 },
                 "output": str(Path(folder) / "run"),
             },
@@ -252,12 +207,17 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
         summary = train(cfg, runtime, save_adapter=False, quiet=True, max_packs=global_batch)
         if options.profile_dir and runtime.is_main:
             shutil.copytree(Path(cfg.output) / PROFILE, options.profile_dir, dirs_exist_ok=True)
+        if options.summary_to and runtime.is_main:  # the per-step losses, for a benchmark comparing them
+            Path(options.summary_to).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(cfg.output) / SUMMARY_JSON, options.summary_to)
     return [_measurement(summary, options, runtime)] if runtime.is_main else []
 
 
 def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: Any) -> Measurement:
+    from gpuval.finetune.trainer import step_summary_keys
+
     steps = summary["steps"]
-    timed = steps[options.warmup_steps :]
+    timed = steps[options.untimed_steps :]
     norms = [s["grad_norm"] for s in steps]
     if not all(math.isfinite(n) and n > 0 for n in norms):
         raise RunError(
@@ -280,23 +240,11 @@ def _measurement(summary: dict[str, Any], options: TrainBenchOptions, runtime: A
             "seq_len": options.seq_len,
             "micro_batch_size": options.micro_batch_size,
             "grad_accum_steps": options.grad_accum_steps,
-            "lora_rank": options.lora_rank,
-            "lora_dropout": options.lora_dropout,
-            "target_modules": options.target_modules,
-            "activation_checkpointing": options.activation_checkpointing,
-            "attention": summary["attention"],  # what ran, after auto
-            "row_kernel": summary["row_kernel"],
-            "varlen_kernel": summary["varlen_kernel"],
-            "kernels": summary["kernels"],
-            "fused_loss": summary["fused_loss"],
-            "loss_kernel": summary["loss_kernel"],
-            "compile": options.compile,
-            "precision": summary["precision"],
-            "fused_qkv": summary["fused_qkv"],  # what ran, after auto
-            "last_mlp_rows": summary["last_mlp_rows"],
-            "fused_gate_up": summary["fused_gate_up"],
-            "split_products": summary["split_products"],
-            "dropout_kernel": summary["dropout_kernel"],
+            "lora_rank": options.lora.rank,
+            "lora_dropout": options.lora.dropout,
+            "target_modules": options.lora.target_modules,
+            # how the step ran, after auto: the trainer's declared step keys (each part's reports)
+            **{key: summary[key] for key in step_summary_keys()},
             "parallel": options.parallel,
             "world_size": runtime.world_size,
             "trainable_params": summary["trainable_params"],

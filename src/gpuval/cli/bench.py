@@ -33,8 +33,8 @@ def bench(
     if name is None:
         for bench_name, item in sorted(all_benchmarks().items()):
             console.print(f"[bold]{bench_name}[/]: {item.summary}")
-            for field, info in item.options.model_fields.items():
-                console.print(f"    --set {field}=…  {info.description or ''}")
+            for field, description in _option_lines(item.options):
+                console.print(f"    --set {field}=…  {description}")
         return EXIT_PASS
     benchmark = get(name)
     overrides: dict[str, Any] = {}
@@ -163,3 +163,17 @@ def _own_path(assignment: str, name: str) -> str:
         f"--set '{assignment}': this runs benchmark '{name}'; set its options as "
         f"{prefix}KEY=VALUE or KEY=VALUE"
     )
+
+
+def _option_lines(model: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Every option of a benchmark as `--set` takes it: a section's fields dotted (`step.compile`)."""
+    from pydantic import BaseModel
+
+    lines: list[tuple[str, str]] = []
+    for field, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            lines += _option_lines(annotation, f"{prefix}{field}.")
+        else:
+            lines.append((f"{prefix}{field}", info.description or ""))
+    return lines

@@ -2,7 +2,7 @@
 
 The data order depends only on the seed and the step (`data_order`), which is also all that resuming needs.
 `step_batches(step)` gives one rank's micro-batches of a step, already on their way to the device (the
-labels as the rows the loss reads and their targets: kernels.label_rows), and the step's loss denominator
+labels as the rows the loss reads and their targets: label_rows), and the step's loss denominator
 summed over the ranks as a device tensor: the loop prepares step k+1 while the GPU still runs step k
 (trainer.py), and divides each micro-batch's loss by that tensor, so no micro-batch waits for the host.
 """
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuval.finetune.kernels import flatten_for_varlen, label_rows
-from gpuval.finetune.packing import Pack, collate
+from gpuval.finetune.packing import Pack, collate, varlen_kwargs
+from gpuval.finetune.template import IGNORE_INDEX
 
 
 @dataclass
@@ -67,7 +67,7 @@ def step_batches_for(
     mask_dtype: torch.dtype,
 ) -> Callable[[int], StepBatches]:
     """`step_batches(step)` for this rank. `varlen`: one row per micro-batch with documents by cu_seq_lens
-    (kernels.flatten_for_varlen), `fixed_longest` passing max_seq_len as the longest document (compiled
+    (flatten_for_varlen), `fixed_longest` passing max_seq_len as the longest document (compiled
     layers), `whole_rows` keeping rows that are one document each; else the dense document mask."""
     per_rank = micro_batch_size * grad_accum_steps
     global_batch = per_rank * world
@@ -88,7 +88,7 @@ def step_batches_for(
             ]
         else:
             batches = [collate(mb, pad_id, max_seq_len, mask_dtype) for mb in micro]
-        # The loss reads its labelled rows and their targets (kernels.label_rows), found here on the host.
+        # The loss reads its labelled rows and their targets (label_rows), found here on the host.
         for b in batches:
             b["loss_rows"], b["loss_targets"] = label_rows(b.pop("labels"))
         # The loss denominator: the targets of the whole step on every rank.
@@ -101,3 +101,31 @@ def step_batches_for(
         return StepBatches(on_device, counts, order)
 
     return step_batches
+
+
+def label_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions of `labels` `(B, S)` whose next token is a target, as rows of the flattened `(B·S)`
+    output, and those targets: position t of row b predicts label t+1. Made on the host with the batch
+    (batches.py), so the loss picks its rows without waiting for the GPU."""
+    width = labels.shape[1]
+    batch_index, position = (labels[:, 1:] != IGNORE_INDEX).nonzero(as_tuple=True)
+    return batch_index * width + position, labels[batch_index, position + 1]
+
+
+def flatten_for_varlen(
+    batch: dict[str, torch.Tensor], max_length: int | None = None, whole_rows: bool = False
+) -> dict[str, Any]:
+    """A collated micro-batch `(B, S)` as one row `(1, B·S)` plus varlen keyword arguments. The first label of
+    every document is IGNORE_INDEX (packing.Pack.add), so the loss across a row boundary is unchanged.
+    `max_length`: a fixed bound to pass as the longest document instead of the batch's own (the kernel
+    only sizes its grid by it), so that a compiled model sees one value and never recompiles for it.
+    `whole_rows`: when every row is one document filling it (position ids 0..S-1), keep `(B, S)` with no
+    varlen arguments: attention.varlen_attention then runs causal attention per row."""
+    positions = batch["position_ids"]
+    if whole_rows and bool((positions == torch.arange(positions.shape[1])).all()):
+        return {key: batch[key] for key in ("input_ids", "labels", "position_ids")}
+    flat = {key: batch[key].reshape(1, -1) for key in ("input_ids", "labels", "position_ids")}
+    extra = varlen_kwargs(batch["position_ids"])
+    if max_length is not None:
+        extra["max_length_q"] = extra["max_length_k"] = max_length
+    return {**flat, **extra}

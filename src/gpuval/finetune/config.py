@@ -5,7 +5,8 @@
     dtype: bfloat16                  # weights of the frozen base model; LoRA adapters stay float32
     lora: {rank: 64, alpha: 128, dropout: 0.05, target_modules: [q_proj, k_proj, v_proj, o_proj]}
     data: {train: DIR/train.jsonl, eval: DIR/eval.jsonl, max_seq_len: 4096}
-    train: {micro_batch_size: 2, grad_accum_steps: 4, lr: 2.0e-5, ...}
+    train: {micro_batch_size: 2, grad_accum_steps: 4, max_steps: 100, optim: {lr: 2.0e-5, ...},
+            step: {compile: auto, ...}, ...}   # sections: optim, save, log, step, experimental
     output: runs/qwen2-7b-lora
     synth: {n: 2000, holdout_n: 200} # optional, for `finetune run`: synthetic data first
     prepare: {input: "{output}/synth/glaive.jsonl", eval_fraction: 0.02}   # optional, for `finetune run`
@@ -18,13 +19,13 @@ run. Validation and error messages are those of profiles (gpuval.config.validate
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gpuval.config import apply_sets, read_yaml, validate_model
 
-# Products of the frozen base weights (`train.precision`; finetune/fp8.py): the one list of them.
+# Products of the frozen base weights (`train.step.precision`; finetune/fp8.py): the one list of them.
 Precision = Literal["bf16", "fp8-base"]
 
 
@@ -94,34 +95,75 @@ class EvalSettings(_Strict):
     )
 
 
-class TrainSettings(_Strict):
-    micro_batch_size: StrictInt = Field(2, ge=1, description="packed sequences per forward pass per rank")
-    grad_accum_steps: StrictInt = Field(4, ge=1, description="micro-batches per optimizer step per rank")
+class OptimSettings(_Strict):
+    """The optimizer and its schedule (finetune/optim.py)."""
+
     lr: float = Field(
         2e-5, gt=0, le=1.0, description="peak learning rate, reached after warm-up (AdamW: above 1 diverges)"
     )
     warmup_steps: StrictInt = Field(10, ge=0, description="optimizer steps of linear warm-up from 0")
-    max_steps: StrictInt = Field(100, ge=1, description="optimizer steps; cosine decays to 0 by then")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     grad_clip: float = Field(1.0, ge=0, description="max global grad norm (L2); 0 turns clipping off")
-    seed: StrictInt = Field(0, description="seeds LoRA init, data order and dropout")
+
+
+class SaveSettings(_Strict):
+    """Checkpoints (finetune/checkpoint.py)."""
+
+    every_steps: StrictInt = Field(0, ge=0, description="checkpoint period in steps; 0: none")
+    keep_last: StrictInt = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
+
+
+class LogSettings(_Strict):
+    """What the run tells: console lines, TensorBoard events, a profile."""
+
+    every_steps: StrictInt = Field(1, ge=1, description="print a progress line every N steps")
+    tensorboard: bool = Field(True, description="write TensorBoard events under OUTPUT/tensorboard")
+    profile_steps: StrictInt = Field(
+        0,
+        ge=0,
+        description="PyTorch-profile this many steps after the first two: OUTPUT/profile/trace.json "
+        "(Perfetto) and operators.txt",
+    )
+
+
+class Fp8Settings(_Strict):
+    """The FP8 frozen base's options (`train.step.precision: fp8-base`; finetune/fp8.py)."""
+
+    fast_accum: bool = Field(
+        False,
+        description="fp8-base: Hopper's fast FP8 accumulation in the forward products (torchao's default; "
+        "faster, less exact: benchmarks/NOTES.md); the backward never uses it",
+    )
+    input_grad: bool = Field(
+        True,
+        description="fp8-base: the input-gradient products in FP8 too; false: in bf16 against the original "
+        "weights (slower, one more byte per weight; benchmarks/NOTES.md)",
+    )
+    exclude: list[str] | None = Field(
+        None,
+        description="fp8-base: frozen linears kept in bf16, as glob patterns over names such as "
+        "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
+        "in the layer); unset: the first and last layer ['0.*', '-1.*'], which keep the loss within 1 % of "
+        "bf16's (benchmarks/NOTES.md); []: every product in FP8 (finetune/fp8.py)",
+    )
+
+
+class StepSettings(_Strict):
+    """How the training step runs: its parts (finetune/parts.py, docs/step-parts.md). `auto` resolves per
+    machine and parallel mode; the run's first lines say what each part resolved to and why."""
+
     activation_checkpointing: bool | Literal["auto"] = Field(
         "auto",
         description="recompute activations in backward; auto: only when the step would not fit the GPU "
         "without it (finetune/memory.py), never on a CPU",
     )
-    save_every_steps: StrictInt = Field(0, ge=0, description="checkpoint period in steps; 0: none")
-    keep_last: StrictInt = Field(2, ge=1, description="checkpoints kept; older ones are deleted")
-    log_every_steps: StrictInt = Field(1, ge=1, description="print a progress line every N steps")
-    parallel: Literal["ddp", "fsdp", "deepspeed"] = Field(
-        "ddp", description="ddp (replicated base), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO, see below)"
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
     )
-    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
-    tensorboard: bool = Field(True, description="write TensorBoard events under OUTPUT/tensorboard")
     attention: Literal["auto", "sdpa", "varlen"] = Field(
         "auto",
         description="per-document attention: varlen (no mask: flash varlen on a GPU, SDPA per document on "
-        "a CPU), sdpa (dense document mask); auto: varlen (finetune/kernels.py)",
+        "a CPU), sdpa (dense document mask); auto: varlen (finetune/attention.py)",
     )
     row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
         "auto",
@@ -142,51 +184,19 @@ class TrainSettings(_Strict):
     )
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto",
-        description="the fused loss (train.kernels liger or liger-loss): chunked (gpuval's own, no host "
-        "reads, 2,048-row chunks: finetune/linear_ce.py) or liger (Liger's fused linear cross-entropy); "
+        description="the fused loss (train.step.kernels liger or liger-loss): chunked (gpuval's own, no "
+        "host reads, 2,048-row chunks: finetune/linear_ce.py) or liger (Liger's fused linear cross-entropy); "
         "auto: chunked",
-    )
-    compile: bool | Literal["auto"] = Field(
-        "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
-    )
-    precision: Precision = Field(
-        "bf16",
-        description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
-        "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
-    )
-    fp8_fast_accum: bool = Field(
-        False,
-        description="fp8-base: Hopper's fast FP8 accumulation in the forward products (torchao's default; "
-        "faster, less exact: benchmarks/NOTES.md); the backward never uses it",
-    )
-    fp8_input_grad: bool = Field(
-        True,
-        description="fp8-base: the input-gradient products in FP8 too; false: in bf16 against the original "
-        "weights (slower, one more byte per weight; benchmarks/NOTES.md)",
-    )
-    fp8_exclude: list[str] | None = Field(
-        None,
-        description="fp8-base: frozen linears kept in bf16, as glob patterns over names such as "
-        "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
-        "in the layer); unset: the first and last layer ['0.*', '-1.*'], which keep the loss within 1 % of "
-        "bf16's (benchmarks/NOTES.md); []: every product in FP8 (finetune/fp8.py)",
     )
     last_mlp_rows: Literal["labelled", "all"] = Field(
         "labelled",
         description="the last decoder layer's MLP on the rows the loss reads only (labelled), or on every "
-        "row (all); the loss and gradients are the same (finetune/kernels.py LastMlpRows)",
+        "row (all); the loss and gradients are the same (finetune/last_mlp_rows.py)",
     )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "
         "(finetune/fused_qkv.py); auto: on a GPU under ddp",
-    )
-    fuse_gate_up: bool | Literal["auto"] = Field(
-        False,
-        description="the MLP's frozen gate and up projections as one product over their concatenated "
-        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under "
-        "ddp. Off by default: 0.7 % slower than two products in the bf16 step on one H100 "
-        "(benchmarks/NOTES.md)",
     )
     split_products: bool | Literal["auto"] = Field(
         "auto",
@@ -199,12 +209,53 @@ class TrainSettings(_Strict):
         "gpuval's kernel, finetune/packed_dropout.py) or torch (nn.Dropout); auto: packed on a GPU with "
         "compiled layers",
     )
-    profile_steps: StrictInt = Field(
-        0,
-        ge=0,
-        description="PyTorch-profile this many steps after the first two: OUTPUT/profile/trace.json "
-        "(Perfetto) and operators.txt",
+    precision: Precision = Field(
+        "bf16",
+        description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
+        "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
     )
+    fp8: Fp8Settings = Fp8Settings()
+
+
+class ExperimentalSettings(_Strict):
+    """Switches kept for experiments only: measured slower, off by default."""
+
+    fuse_gate_up: bool | Literal["auto"] = Field(
+        False,
+        description="the MLP's frozen gate and up projections as one product over their concatenated "
+        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under "
+        "ddp. Off by default: 0.7 % slower than two products in the bf16 step on one H100 "
+        "(benchmarks/NOTES.md)",
+    )
+
+
+class TrainSettings(_Strict):
+    # Keys that moved into a section (issue 35): an unknown-key error names the new place.
+    moved_keys: ClassVar[dict[str, str]] = {
+        **{key: f"optim.{key}" for key in OptimSettings.model_fields},
+        "save_every_steps": "save.every_steps",
+        "keep_last": "save.keep_last",
+        "log_every_steps": "log.every_steps",
+        "tensorboard": "log.tensorboard",
+        "profile_steps": "log.profile_steps",
+        **{key: f"step.{key}" for key in StepSettings.model_fields if key != "fp8"},
+        **{f"fp8_{key}": f"step.fp8.{key}" for key in Fp8Settings.model_fields},
+        "fuse_gate_up": "experimental.fuse_gate_up",
+    }
+
+    micro_batch_size: StrictInt = Field(2, ge=1, description="packed sequences per forward pass per rank")
+    grad_accum_steps: StrictInt = Field(4, ge=1, description="micro-batches per optimizer step per rank")
+    max_steps: StrictInt = Field(100, ge=1, description="optimizer steps; cosine decays to 0 by then")
+    seed: StrictInt = Field(0, description="seeds LoRA init, data order and dropout")
+    parallel: Literal["ddp", "fsdp", "deepspeed"] = Field(
+        "ddp", description="ddp (replicated base), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO, see below)"
+    )
+    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
+    optim: OptimSettings = OptimSettings()
+    save: SaveSettings = SaveSettings()
+    log: LogSettings = LogSettings()
+    step: StepSettings = StepSettings()
+    experimental: ExperimentalSettings = ExperimentalSettings()
 
 
 class FinetuneConfig(_Strict):

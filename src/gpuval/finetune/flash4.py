@@ -1,5 +1,5 @@
 """FlashAttention-4's kernels as the training step's causal attention: rows that hold one whole document
-(`train.row_kernel: fa4`) and rows of packed documents (`train.varlen_kernel: fa4`).
+(`train.step.row_kernel: fa4`) and rows of packed documents (`train.step.varlen_kernel: fa4`).
 
 FlashAttention-4 (the `flash-attn-4` package, Dao-AILab/flash-attention's `flash_attn.cute`) is written in
 NVIDIA's CuTe DSL and compiled when first called, so it installs from a pure-Python wheel with no CUDA

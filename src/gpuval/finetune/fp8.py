@@ -1,4 +1,4 @@
-"""FP8 products for the frozen base weights (`train.precision: fp8-base`, issue 23).
+"""FP8 products for the frozen base weights (`train.step.precision: fp8-base`, issue 23).
 
 LoRA never changes the base weights, so their products can run in FP8 on a Hopper GPU (compute capability
 9.0: `torch._scaled_mm` with row-wise scales) while everything that trains stays in bf16:
@@ -10,9 +10,9 @@ LoRA never changes the base weights, so their products can run in FP8 on a Hoppe
 - activations are quantised each step with one scale per token (row), the same way;
 - forward `y = x Wᵀ` and backward `grad_x = grad_y W` are both `_scaled_mm(A_e4m3, B_e4m3,
   scale_a (M, 1), scale_b (1, N))` with a bf16 result; the weight gets no gradient at all.
-- with `train.fp8_input_grad: false` the backward product runs in bf16 against the original weight, kept
+- with `train.step.fp8.input_grad: false` the backward product runs in bf16 against the original weight, kept
   instead of the transposed copy (`Fp8Linear.weight_back` is then that weight and `weight_back_scale` None);
-- `train.fp8_exclude` keeps chosen linears in bf16 (`excluded_linears`): glob patterns over names such as
+- `train.step.fp8.exclude` keeps chosen linears in bf16 (`excluded_linears`): glob patterns over names such as
   `0.self_attn.q_proj` or `-1.mlp.down_proj` (the decoder layer's index from the start or from the end, then
   the module's path in the layer without PEFT's `base_layer`), as FP8 recipes keep their most sensitive
   products in higher precision. Unset, it keeps the first and the last decoder layer in bf16
@@ -36,12 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 from fnmatch import fnmatchcase
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 
 from gpuval.errors import UsageError
 from gpuval.finetune.config import Precision
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)  # ("bf16", "fp8-base")
 FP8 = torch.float8_e4m3fn
@@ -51,69 +52,63 @@ AMAX_FLOOR = 1e-12  # an all-zero row keeps a finite scale (its values quantise 
 # _scaled_mm needs both dimensions of the weight to be multiples of 16; other linears stay in bf16.
 ALIGNMENT = 16
 # The backward product never uses Hopper's fast FP8 accumulation; the forward product does only when
-# `train.fp8_fast_accum` asks (torchao's Float8LinearConfig turns it on for the forward by default). Without
-# it cuBLAS adds the tensor cores' partial sums into float32 at intervals instead of keeping one reduced-
-# precision sum over the whole inner dimension (3,584 to 18,944 here).
+# `train.step.fp8.fast_accum` asks (torchao's Float8LinearConfig turns it on for the forward by default).
+# Without it cuBLAS adds the tensor cores' partial sums into float32 at intervals instead of keeping one
+# reduced-precision sum over the whole inner dimension (3,584 to 18,944 here).
 FAST_ACCUM_BACKWARD = False
-# train.fp8_exclude when unset: the first and the last decoder layer stay bf16 (module docstring; measured
-# in benchmarks/results/2026-11-26-h100x1-fp8-exclude/). An explicit [] puts every product in FP8.
+# train.step.fp8.exclude when unset: the first and the last decoder layer stay bf16 (module docstring;
+# measured in benchmarks/results/2026-11-26-h100x1-fp8-exclude/). An explicit [] puts every product in FP8.
 DEFAULT_EXCLUDE: tuple[str, ...] = ("0.*", "-1.*")
 
 
 def resolve_exclude(setting: Sequence[str] | None) -> tuple[str, ...]:
-    """`train.fp8_exclude` as it will run: `DEFAULT_EXCLUDE` when unset (None), else the patterns given."""
+    """`train.step.fp8.exclude` as it will run: `DEFAULT_EXCLUDE` when unset (None), else the patterns
+    given."""
     return DEFAULT_EXCLUDE if setting is None else tuple(setting)
 
 
-def resolve_precision(
-    setting: str,
-    dtype: str,
-    parallel: str,
-    device_name: str | None,
-    capability: tuple[int, int] | None,
-    fast_accum: bool = False,
-    input_grad_fp8: bool = True,
-    exclude: Sequence[str] | None = None,
-) -> str:
-    """`train.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why, and
-    so are FP8 settings changed from their defaults (`fast_accum`, `input_grad_fp8`, and `exclude`, whose
-    default is None) under bf16, where they would do nothing. `device_name`/`capability`: the GPU's
-    (torch.cuda.get_device_name / get_device_capability), None on a CPU."""
+def _precision(ctx: StepContext) -> str:
+    """`train.step.precision` as it will run; fp8-base where it cannot is a one-line UsageError naming why,
+    and so are FP8 settings changed from their defaults (`fast_accum`, `input_grad`, and `exclude`, whose
+    default is None) under bf16, where they would do nothing."""
+    setting, fp8 = ctx.step.precision, ctx.step.fp8
+    device_name, capability = ctx.gpu_name, ctx.capability
     if setting not in PRECISIONS:
-        raise UsageError(f"train.precision={setting}: expected one of {', '.join(PRECISIONS)}")
+        raise UsageError(f"train.step.precision={setting}: expected one of {', '.join(PRECISIONS)}")
     if setting == "bf16":
         changed = [
             name
             for name, on in (
-                ("fp8_fast_accum", fast_accum),
-                ("fp8_input_grad", not input_grad_fp8),
-                ("fp8_exclude", exclude is not None),
+                ("fast_accum", fp8.fast_accum),
+                ("input_grad", not fp8.input_grad),
+                ("exclude", fp8.exclude is not None),
             )
             if on
         ]
         if changed:
             raise UsageError(
-                f"train.{changed[0]} applies to train.precision=fp8-base only (this config has bf16): "
-                f"set train.precision=fp8-base or leave train.{changed[0]} at its default"
+                f"train.step.fp8.{changed[0]} applies to train.step.precision=fp8-base only (this config "
+                "has bf16): set train.step.precision=fp8-base or leave "
+                f"train.step.fp8.{changed[0]} at its default"
             )
         return setting
     if device_name is None or capability is None:
         raise UsageError(
-            "train.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, H200); "
-            "this run is on the CPU: set train.precision=bf16"
+            "train.step.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, "
+            "H200); this run is on the CPU: set train.step.precision=bf16"
         )
     if tuple(capability) < MIN_CAPABILITY:
         raise UsageError(
-            "train.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, H200) "
-            f"for row-wise scaled FP8 products; found {device_name} (compute capability "
-            f"{capability[0]}.{capability[1]}): set train.precision=bf16"
+            "train.step.precision=fp8-base needs an NVIDIA GPU of compute capability 9.0 or newer (H100, "
+            f"H200) for row-wise scaled FP8 products; found {device_name} (compute capability "
+            f"{capability[0]}.{capability[1]}): set train.step.precision=bf16"
         )
-    if dtype != "bfloat16":
-        raise UsageError(f"train.precision=fp8-base needs dtype: bfloat16 (the config has {dtype})")
-    if parallel != "ddp":
+    if ctx.dtype != "bfloat16":
+        raise UsageError(f"train.step.precision=fp8-base needs dtype: bfloat16 (the config has {ctx.dtype})")
+    if ctx.parallel != "ddp":
         raise UsageError(
-            f"train.precision=fp8-base works with train.parallel=ddp only (not {parallel}: it shards the "
-            "weights that fp8-base replaces): set train.precision=bf16 or train.parallel=ddp"
+            f"train.step.precision=fp8-base works with train.parallel=ddp only (not {ctx.parallel}: it "
+            "shards the weights that fp8-base replaces): set train.step.precision=bf16 or train.parallel=ddp"
         )
     return setting
 
@@ -165,7 +160,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
             return None, None, None, None, None, None, None
         weight_back, weight_back_scale = ctx.saved_tensors  # type: ignore[attr-defined]
         flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
-        if weight_back_scale is None:  # train.fp8_input_grad false: the bf16 weight, (out, in)
+        if weight_back_scale is None:  # train.step.fp8.input_grad false: the bf16 weight, (out, in)
             grad_x = flat_grad.to(weight_back.dtype) @ weight_back
         else:
             grad_fp8, grad_scale = quantize_rows(flat_grad)
@@ -269,7 +264,8 @@ def fused_base(
     input_grad_fp8: bool = True,
 ) -> torch.nn.Module:
     """A fused layer's concatenated base (fused_qkv, fused_mlp): an `Fp8Linear` of `linear` when `fp8` is on,
-    its shape fits `_scaled_mm` and none of its parts is kept in bf16 (`train.fp8_exclude`); else `linear`."""
+    its shape fits `_scaled_mm` and none of its parts is kept in bf16 (`train.step.fp8.exclude`); else
+    `linear`."""
     if fp8 and fits_fp8(linear) and not kept_bf16:
         return Fp8Linear.from_linear(linear, fast_accum, input_grad_fp8)
     return linear
@@ -280,7 +276,8 @@ def _frozen_linear(module: torch.nn.Module) -> bool:
 
 
 def excluded_linears(layers: Sequence[torch.nn.Module], patterns: Sequence[str]) -> frozenset[int]:
-    """The ids of the frozen `nn.Linear` modules inside `layers` (the decoder layers) that `train.fp8_exclude`
+    """The ids of the frozen `nn.Linear` modules inside `layers` (the decoder layers) that
+    `train.step.fp8.exclude`
     keeps in bf16: those with a name matching one of the glob `patterns` (fnmatch, case-sensitive). A module
     has two names, `{i}.{path}` and `{i - len(layers)}.{path}`: its layer's index from the start and from the
     end, then its path in the layer without PEFT's `base_layer` (`3.self_attn.q_proj`, `-1.mlp.down_proj`).
@@ -300,7 +297,8 @@ def excluded_linears(layers: Sequence[torch.nn.Module], patterns: Sequence[str])
                 matched |= hits
     if missing := [p for p in patterns if p not in matched]:
         raise UsageError(
-            f"train.fp8_exclude: '{missing[0]}' matches no frozen linear of the decoder layers (names look "
+            f"train.step.fp8.exclude: '{missing[0]}' matches no frozen linear of the decoder layers (names "
+            "look "
             "like 0.self_attn.q_proj or -1.mlp.down_proj; *.self_attn.* takes every attention product): "
             "fix or remove the pattern"
         )
@@ -326,3 +324,69 @@ def convert_frozen_linears(
     for parent, name, child in targets:
         setattr(parent, name, Fp8Linear.from_linear(child, fast_accum, input_grad_fp8))
     return len(targets)
+
+
+def products_in_fp8(layers: list[torch.nn.Module]) -> int:
+    """Frozen linears whose products run in FP8, counted in the layers as they now are: the parts of a
+    fused q/k/v or gate/up count one each, as the linears they replace (a gate/up half holds its fused
+    product as `.fused.base`)."""
+    return sum(
+        isinstance(m, Fp8Linear) or isinstance(getattr(getattr(m, "fused", None), "base", None), Fp8Linear)
+        for layer in layers
+        for m in layer.modules()
+    )
+
+
+def fp8_options(ctx: StepContext) -> dict[str, Any]:
+    """How the frozen base's products run, as the fused parts (fused_qkv, fused_mlp) and the FP8 part take
+    them: `fp8` on or off, `fast_accum`, `input_grad_fp8` and `exclude` (the ids of the linears kept in bf16,
+    `excluded_linears`), computed once, on the decoder layers as they were before any fusion."""
+    if "fp8_options" not in ctx.shared:
+        decision = ctx.decisions["fp8_base"]
+        patterns = resolve_exclude(ctx.step.fp8.exclude)
+        ctx.shared["fp8_options"] = {
+            "fp8": decision.on,
+            "fast_accum": ctx.step.fp8.fast_accum,
+            "input_grad_fp8": ctx.step.fp8.input_grad,
+            "exclude": excluded_linears(ctx.layers, patterns) if decision.on else frozenset(),
+        }
+    return ctx.shared["fp8_options"]
+
+
+class Fp8BasePart(Part):
+    """FP8 frozen base: every frozen linear of the decoder layers as an `Fp8Linear` (`train.step.precision:
+    fp8-base`; module docstring).
+
+    Applies only when set (no auto): on a Hopper GPU (compute capability 9.0+), bf16 weights, under ddp;
+    anything else is a UsageError naming why, as are FP8 options (`train.step.fp8`) changed under bf16.
+    Changes: frozen `nn.Linear`s inside the decoder layers become `Fp8Linear`s, except those
+    `train.step.fp8.exclude` keeps in bf16; trainable LoRA linears and the output head are untouched.
+    Reports `precision` (bf16 or fp8-base).
+    Order: after fused_qkv and fused_gate_up, which quantise their concatenated weights themselves (their
+    parts are no bare `nn.Linear` to convert again; they read this decision through `fp8_options`), and
+    after the move to the device (stage adapted): the FP8 weights are made there."""
+
+    name = "fp8_base"
+    stage = "adapted"
+    reports = {"precision": lambda decision: decision.choice}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        precision = _precision(ctx)
+        return Decision(
+            precision == "fp8-base", precision, "set" if ctx.step.precision != "bf16" else "default"
+        )
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        options = fp8_options(ctx)
+        convert_frozen_linears(
+            ctx.layers,
+            fast_accum=options["fast_accum"],
+            input_grad_fp8=options["input_grad_fp8"],
+            exclude=options["exclude"],
+        )
+        ctx.details[self.name] = (
+            f" ({products_in_fp8(ctx.layers)} frozen linears in FP8, {len(options['exclude'])} kept in bf16 "
+            "by "
+            "train.step.fp8.exclude)"
+        )
+        return {"precision": decision.choice}

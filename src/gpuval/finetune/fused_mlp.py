@@ -1,6 +1,6 @@
-"""The MLP's gate and up projections as one product (`train.fuse_gate_up`, off by default: on one H100 it
-made the bf16 step 0.7 % slower and the FP8 step about 4 % slower, benchmarks/NOTES.md items 9 and 10; its
-input gradient as one batched product over the pair instead measured the same, item 13).
+"""The MLP's gate and up projections as one product (`train.experimental.fuse_gate_up`, off by default: on
+one H100 it made the bf16 step 0.7 % slower and the FP8 step about 4 % slower, benchmarks/NOTES.md items 9
+and 10; its input gradient as one batched product over the pair instead measured the same, item 13).
 
 transformers' Qwen2MLP (and Llama-style MLPs, and Liger's SwiGLU MLP) compute
 `down_proj(act(gate_proj(x)) * up_proj(x))`: two products over the same input. With LoRA on attention only
@@ -13,12 +13,12 @@ which reads x once, and in the backward the input gradient is one product of inn
 changes: no dropout, no adapter, the same sums term by term, so the fused MLP computes what the two
 products compute (up to the order of float additions inside one product).
 
-How it plugs in without copying transformers' MLP code: `gate_proj` and `up_proj` become `GateUpPart`s
+How it plugs in without copying transformers' MLP code: `gate_proj` and `up_proj` become `GateUpHalf`s
 (not bare `nn.Linear`s, so fp8.convert_frozen_linears leaves them alone): `gate_proj(x)` computes both
 halves and keeps the up half, which `up_proj(x)` returns next. MLPs call them in the order gate, up on the
 same input; any other call is an error, never a silently wrong result. Their weights become views into the
 concatenated one (no second copy) under the same names, so the state dict is unchanged; with
-`train.precision: fp8-base` the concatenated weight is quantised once (fp8.Fp8Linear), x is quantised
+`train.step.precision: fp8-base` the concatenated weight is quantised once (fp8.Fp8Linear), x is quantised
 once per MLP, and the parts hold no weight, as fp8.convert_frozen_linears would have left them.
 
 An MLP whose gate or up projection carries a LoRA adapter (`lora.target_modules: all-linear`) is left as
@@ -26,7 +26,7 @@ it is: its base product is PEFT's to run.
 
 The two halves are column slices of one output, not contiguous tensors. In compiled layers (the GPU
 default) the SiLU-and-multiply that reads them is inductor's own pointwise kernel, which takes strides;
-Liger's SwiGLU (`train.kernels: liger`, eager layers) copies each half to contiguous memory first
+Liger's SwiGLU (`train.step.kernels: liger`, eager layers) copies each half to contiguous memory first
 (liger-kernel 0.8.5, `ensure_contiguous`): correct, at the cost of those two copies.
 """
 
@@ -38,22 +38,11 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError
-from gpuval.finetune.fp8 import Fp8Linear, fused_base
+from gpuval.finetune.fp8 import fp8_options, fused_base
 from gpuval.finetune.fused_qkv import concatenate_linears
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 PROJECTIONS = ("gate_proj", "up_proj")
-
-
-def resolve_fuse_gate_up(setting: bool | str, on_gpu: bool, parallel: str) -> bool:
-    """`train.fuse_gate_up` as it will run. auto: on a GPU under ddp."""
-    if setting == "auto":
-        return on_gpu and parallel == "ddp"
-    if setting is True and parallel != "ddp":
-        raise UsageError(
-            f"train.fuse_gate_up=true works with train.parallel=ddp only ({parallel} shards the weights it "
-            "concatenates): set train.fuse_gate_up=auto"
-        )
-    return bool(setting)
 
 
 class FusedGateUp:
@@ -85,11 +74,11 @@ class FusedGateUp:
     def _order_error(called: str) -> str:
         return (
             f"fused gate/up: {called} was called out of order (expected gate_proj, then up_proj on the same "
-            "input, as transformers' MLPs call them): set train.fuse_gate_up=false"
+            "input, as transformers' MLPs call them): set train.experimental.fuse_gate_up=false"
         )
 
 
-class GateUpPart(torch.nn.Module):
+class GateUpHalf(torch.nn.Module):
     """`gate_proj` or `up_proj` of a fused MLP: its half of FusedGateUp's product. Keeps the projection's
     weight (and bias) as views of the concatenated one, under the same names (none with fp8-base)."""
 
@@ -136,7 +125,7 @@ def fuse_gate_up(
         for name, rows in (("gate_proj", slice(0, width)), ("up_proj", slice(width, None))):
             weight = concatenated.weight[rows] if keep else None  # a view: no second copy
             bias = concatenated.bias[rows] if keep and concatenated.bias is not None else None
-            setattr(mlp, name, GateUpPart(fused, name, weight, bias))
+            setattr(mlp, name, GateUpHalf(fused, name, weight, bias))
         count += 1
     return count
 
@@ -155,11 +144,42 @@ def fusable(parts: list[Any]) -> bool:
     )
 
 
-def products_in_fp8(layers: list[torch.nn.Module]) -> int:
-    """Frozen linears whose products run in FP8, counted in the layers as they now are: the parts of a
-    fused q/k/v or gate/up count one each, as the linears they replace."""
-    return sum(
-        isinstance(m, Fp8Linear) or (isinstance(m, GateUpPart) and isinstance(m.fused.base, Fp8Linear))
-        for layer in layers
-        for m in layer.modules()
-    )
+class FusedGateUpPart(Part):
+    """Fused gate/up (experimental, `train.experimental.fuse_gate_up`): the MLP's frozen gate and up
+    projections as one product (module docstring; measured slower, so off by default).
+
+    Applies when set true, or by auto on a GPU under ddp (fsdp and deepspeed shard the weights it
+    concatenates: off, and said so); true under another parallel mode is a UsageError, and so is true when no
+    MLP could be fused.
+    Changes: `gate_proj` and `up_proj` of every MLP without LoRA on them become `GateUpHalf`s of one
+    concatenated product (FP8 when the fp8_base part is on); the state dict is unchanged.
+    Reports `fused_gate_up`.
+    Order: after the move to the device (stage adapted) and fused_qkv; before fp8_base (its concatenated
+    weight is quantised here, and its halves are no bare `nn.Linear` for fp8_base to convert again) and
+    split_products (which leaves the fused product as it is)."""
+
+    name = "fused_gate_up"
+    stage = "adapted"
+    reports = {"fused_gate_up": False}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        setting = ctx.experimental.fuse_gate_up
+        if setting is True and ctx.parallel != "ddp":
+            raise UsageError(
+                f"train.experimental.fuse_gate_up=true works with train.parallel=ddp only ({ctx.parallel} "
+                "shards the weights it concatenates): set train.experimental.fuse_gate_up=auto"
+            )
+        if setting != "auto":
+            return Decision(bool(setting), bool(setting), "set (experimental)")
+        return ctx.auto_on_gpu_under_ddp(self.name, ": it concatenates weights that are sharded")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        fused = fuse_gate_up(model, **fp8_options(ctx))
+        if ctx.experimental.fuse_gate_up is True and not fused:
+            raise UsageError(
+                "train.experimental.fuse_gate_up=true: no MLP has frozen gate_proj and up_proj without LoRA "
+                "on them (lora.target_modules): set train.experimental.fuse_gate_up=false"
+            )
+        if fused:
+            ctx.details[self.name] = f" | gate/up fused in {fused} MLPs"
+        return {"fused_gate_up": fused > 0}

@@ -1,4 +1,4 @@
-"""q, k and v with their LoRA adapters as one product (`train.fuse_qkv`, issue 23).
+"""q, k and v with their LoRA adapters as one product (`train.step.fuse_qkv`, issue 23).
 
 PEFT runs the three projections of an attention layer as three LoRA layers over the same input: three base
 products (k and v are narrow: 512 columns for Qwen2-7B's 4 K/V heads), three dropout masks and three A
@@ -18,7 +18,7 @@ How it plugs in without copying transformers' attention code: the attention's `q
 plain peft), and only their `forward` is replaced: `q_proj(x)` computes all three and keeps k and v, which
 `k_proj` and `v_proj` return next. Attention layers call them in the order q, k, v on the same input; a
 call in any other order is an error, never a silently wrong result. The three base weights become views
-into the concatenated one (no second copy); with `train.precision: fp8-base` the concatenated weight is
+into the concatenated one (no second copy); with `train.step.precision: fp8-base` the concatenated weight is
 quantised once (fp8.Fp8Linear) and the parts are its row slices.
 """
 
@@ -31,28 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
-from gpuval.finetune.fp8 import Fp8Linear, fused_base
+from gpuval.finetune.fp8 import Fp8Linear, fp8_options, fused_base
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 IDLE, Q_DONE, K_DONE = 0, 1, 2  # where an attention layer's q, k, v calls stand
-
-
-def resolve_fuse_qkv(setting: bool | str, on_gpu: bool, parallel: str, target_modules: Any) -> bool:
-    """`train.fuse_qkv` as it will run. auto: on a GPU under ddp when LoRA targets q, k and v."""
-    targeted = target_modules == "all-linear" or set(PROJECTIONS) <= set(target_modules)
-    if setting == "auto":
-        return on_gpu and parallel == "ddp" and targeted
-    if setting is True and parallel != "ddp":
-        raise UsageError(
-            f"train.fuse_qkv=true works with train.parallel=ddp only ({parallel} shards the weights it "
-            "concatenates): set train.fuse_qkv=auto"
-        )
-    if setting is True and not targeted:
-        raise UsageError(
-            "train.fuse_qkv=true needs LoRA on q_proj, k_proj and v_proj (lora.target_modules): "
-            "set train.fuse_qkv=false"
-        )
-    return bool(setting)
 
 
 class FusedQKV:
@@ -112,7 +95,7 @@ class FusedQKV:
     def _order_error(called: str) -> str:
         return (
             f"fused q/k/v: {called} was called out of order (expected q_proj, k_proj, v_proj on the same "
-            "input, as transformers' attention layers call them): set train.fuse_qkv=false"
+            "input, as transformers' attention layers call them): set train.step.fuse_qkv=false"
         )
 
 
@@ -195,3 +178,52 @@ def _point_at_rows(part: Any, base: torch.nn.Module, start: int, end: int) -> No
     layer.weight = torch.nn.Parameter(base.weight[start:end], requires_grad=False)
     if base.bias is not None:
         layer.bias = torch.nn.Parameter(base.bias[start:end], requires_grad=False)
+
+
+class FusedQkvPart(Part):
+    """Fused q/k/v: q, k and v with their LoRA adapters as one product and one dropout mask (module
+    docstring; `train.step.fuse_qkv`).
+
+    Applies when set true, or by auto on a GPU under ddp when LoRA targets q, k and v (fsdp and deepspeed
+    shard the weights it concatenates: off, and said so). True under another parallel mode, without LoRA on
+    the three, or with no attention layer fused is a UsageError.
+    Changes: the three projections' `forward` (PEFT's modules and parameters stay; the base weights become
+    views of one concatenated weight, in FP8 when the fp8_base part is on).
+    Reports `fused_qkv`.
+    Order: after the move to the device (stage adapted) and after packed_dropout (it keeps a reference to the
+    q adapter's dropout module); before fp8_base (it quantises its concatenated weight itself) and
+    split_products (which finds its concatenated product through q_proj's `forward`)."""
+
+    name = "fused_qkv"
+    stage = "adapted"
+    reports = {"fused_qkv": False}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        setting, targets = ctx.step.fuse_qkv, ctx.lora.target_modules
+        targeted = targets == "all-linear" or set(PROJECTIONS) <= set(targets)
+        if setting is True and ctx.parallel != "ddp":
+            raise UsageError(
+                f"train.step.fuse_qkv=true works with train.parallel=ddp only ({ctx.parallel} shards the "
+                "weights it concatenates): set train.step.fuse_qkv=auto"
+            )
+        if setting is True and not targeted:
+            raise UsageError(
+                "train.step.fuse_qkv=true needs LoRA on q_proj, k_proj and v_proj (lora.target_modules): "
+                "set train.step.fuse_qkv=false"
+            )
+        if setting != "auto":
+            return Decision(bool(setting), bool(setting), "set")
+        if not targeted:
+            return Decision(False, False, "auto: LoRA is not on q, k and v")
+        return ctx.auto_on_gpu_under_ddp(self.name, ": it concatenates weights that are sharded")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        fused = fuse_qkv(model, **fp8_options(ctx))
+        if ctx.step.fuse_qkv is True and not fused:
+            raise UsageError(
+                "train.step.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, "
+                "k_proj and v_proj: set train.step.fuse_qkv=false"
+            )
+        if fused:
+            ctx.details[self.name] = f" | q/k/v fused in {fused} attention layers"
+        return {"fused_qkv": fused > 0}

@@ -1,6 +1,6 @@
 """How much GPU memory a LoRA training step needs without activation checkpointing, to choose it.
 
-`train.activation_checkpointing: auto` keeps activations (the fast path: no recomputation in backward)
+`train.step.activation_checkpointing: auto` keeps activations (the fast path: no recomputation in backward)
 when the step's estimate fits the GPU with a margin, and recomputes them otherwise. The estimate and the
 figure it was checked against are in docs/finetune-memory.md; in short, per rank:
 

@@ -18,13 +18,15 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer_and_schedule(params: list[torch.nn.Parameter], settings: Any) -> tuple[Any, Any]:
-    """AdamW (fused on CUDA: one kernel for every adapter tensor) and the LambdaLR schedule."""
+def make_optimizer_and_schedule(params: list[torch.nn.Parameter], train: Any) -> tuple[Any, Any]:
+    """AdamW (fused on CUDA: one kernel for every adapter tensor) and the LambdaLR schedule, as `train.optim`
+    (lr, warm-up, weight decay) and `train.max_steps` say."""
+    settings = train.optim
     fused = all(p.is_cuda for p in params) and bool(params)
     optimizer = torch.optim.AdamW(
         params, lr=settings.lr, weight_decay=settings.weight_decay, fused=fused or None
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, settings.warmup_steps, settings.max_steps)
+        optimizer, lambda step: lr_factor(step, settings.warmup_steps, train.max_steps)
     )
     return optimizer, scheduler

@@ -1,4 +1,5 @@
-"""LoRA's dropout with its keep-mask drawn eight elements per random draw (`train.dropout_kernel`, issue 23).
+"""LoRA's dropout with its keep-mask drawn eight elements per random draw (`train.step.dropout_kernel`,
+issue 23).
 
 The recipe's LoRA dropout (p = 0.05 on the adapters' inputs) runs twice per decoder layer and micro-batch,
 each time over a whole activation (12,288 × 3,584 elements for Qwen2-7B at micro-batch 3). Compiled by
@@ -33,17 +34,10 @@ from typing import Any
 
 import torch
 
+from gpuval.finetune.parts import Decision, Part, StepContext
+
 LEVELS = 1 << 16  # each element's keep decision compares a 16-bit uniform number with the threshold
 _SEED_HALF = 2**31 - 1  # the key is drawn as two 31-bit halves (inductor draws them as int64 randint)
-
-
-def resolve_dropout_kernel(setting: str, on_gpu: bool, compiled: bool) -> str:
-    """`train.dropout_kernel` as it will run: packed or torch. auto: packed on a GPU with compiled layers
-    (the gain is a cheaper mask inside inductor's fused kernels; eager layers apply it in a kernel of their
-    own, as nn.Dropout does)."""
-    if setting == "auto":
-        return "packed" if on_gpu and compiled else "torch"
-    return setting
 
 
 def threshold_for(p: float) -> int:
@@ -126,6 +120,35 @@ def use_packed_dropout(layers: list[Any]) -> int:
                     setattr(module, name, PackedDropout(child.p))
                     count += 1
     return count
+
+
+class PackedDropoutPart(Part):
+    """Packed dropout: LoRA's dropout with its keep-mask drawn eight elements per random draw (module
+    docstring; `train.step.dropout_kernel`).
+
+    Applies when set packed, or by auto on a GPU with compiled layers (the gain is a cheaper mask inside
+    inductor's fused kernels; eager layers apply it in a kernel of their own, as nn.Dropout does). Any
+    parallel mode.
+    Changes: every `nn.Dropout` with p > 0 in the decoder layers (PEFT's lora_dropout) becomes a
+    PackedDropout of the same p; no parameter changes.
+    Reports `dropout_kernel`: packed (when any dropout was replaced) or torch.
+    Order: after LoRA (it replaces LoRA's dropouts; stage adapted), before fused_qkv, which keeps a
+    reference to the q adapter's dropout module."""
+
+    name = "packed_dropout"
+    stage = "adapted"
+    reports = {"dropout_kernel": "torch"}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        setting = ctx.step.dropout_kernel
+        if setting != "auto":
+            return Decision(setting == "packed", setting, "set")
+        if ctx.on_gpu and ctx.compiled:
+            return Decision(True, "packed", "auto: GPU, compiled")
+        return Decision(False, "torch", "auto: GPU, eager layers" if ctx.on_gpu else "auto: CPU")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        return {"dropout_kernel": "packed" if use_packed_dropout(ctx.layers) else "torch"}
 
 
 def _launch(seed: torch.Tensor, out: torch.Tensor, n_bytes: int, threshold: int) -> None:

@@ -1,5 +1,5 @@
 """The products whose output or input is the hidden size, in two groups of those columns
-(`train.split_products`, issue 23).
+(`train.step.split_products`, issue 23).
 
 Qwen2-7B's hidden size is 3,584. On an H100, a product writing 12,288 × 3,584 (the MLP's down projection
 forward, the gate and up projections' input gradients, the attention's o-projection both ways and the q/k/v
@@ -32,16 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
-
-JOIN_INPUT_GRADIENT = "buffer"  # "cat": joined by torch.cat, the earlier way (slower norm kernels, item 26)
-
-
-def resolve_split_products(setting: bool | str, on_gpu: bool, compiled: bool, parallel: str = "ddp") -> bool:
-    """`train.split_products` as it will run. auto: on a GPU with compiled layers under ddp (in eager layers
-    the join is a copy of its own; under FSDP and ZeRO-3 it was not measured)."""
-    if setting == "auto":
-        return on_gpu and compiled and parallel == "ddp"
-    return bool(setting)
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 
 def column_groups(width: int) -> list[int]:
@@ -86,9 +77,6 @@ class _Grouped(torch.autograd.Function):
         weight = weight.to(grad.dtype)
         if ctx.in_groups is None:
             return grad @ weight, None, None, None, None
-        if JOIN_INPUT_GRADIENT == "cat":  # the earlier way, kept for benchmarks/finetune_speed.py to compare
-            parts = [grad @ weight[:, a:b] for a, b in _bounds(ctx.in_groups)]
-            return torch.cat(parts, dim=-1), None, None, None, None
         rows = grad.reshape(-1, grad.shape[-1])
         ends = [b for _a, b in _bounds(ctx.in_groups)]
         out = torch.ops.gpuval.column_grouped_mm(rows, weight, ends)
@@ -141,8 +129,9 @@ def split_products(layers: list[Any], hidden: int, required: bool = False) -> in
                 count += 1
     if required and not count:
         raise UsageError(
-            f"train.split_products=true: no frozen linear with a side of the hidden size ({hidden}) that is "
-            "not a power of two (fp8-base and fuse_gate_up replace them): set train.split_products=auto"
+            f"train.step.split_products=true: no frozen linear with a side of the hidden size ({hidden}) "
+            "that is "
+            "not a power of two (fp8-base and fuse_gate_up replace them): set train.step.split_products=auto"
         )
     return count
 
@@ -154,3 +143,36 @@ def _grouped_forward(
         return _Grouped.apply(x, linear.weight, linear.bias, out_groups, in_groups)
 
     return forward
+
+
+class SplitProductsPart(Part):
+    """Split products: every frozen linear's hidden-size side in two column groups (module docstring;
+    `train.step.split_products`).
+
+    Applies when set true, or by auto on a GPU with compiled layers under ddp: in eager layers the forward's
+    join is a copy of its own, and under fsdp and deepspeed it was never measured (off, and said so). True
+    with no linear to split is a UsageError.
+    Changes: each such linear instance's `forward` (module tree and state dict untouched).
+    Reports `split_products`.
+    Order: after fused_qkv (it splits the concatenated q/k/v product too), fused_gate_up and fp8_base (whose
+    products it leaves as they are); before last_mlp_rows and compiling (stage adapted)."""
+
+    name = "split_products"
+    stage = "adapted"
+    reports = {"split_products": False}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        setting = ctx.step.split_products
+        if setting != "auto":
+            return Decision(bool(setting), bool(setting), "set")
+        if not ctx.on_gpu:
+            return Decision(False, False, "auto: CPU")
+        if not ctx.compiled:
+            return Decision(False, False, "auto: layers not compiled")
+        if ctx.parallel != "ddp":
+            return ctx.off_under_parallel(self.name, ": not measured there")
+        return Decision(True, True, "auto: GPU, compiled, ddp")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        count = split_products(ctx.layers, model.config.hidden_size, ctx.step.split_products is True)
+        return {"split_products": count > 0}

@@ -17,9 +17,9 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host. On a GPU the base may run in FP8 (`train.precision`, fp8.py), q/k/v as one
-product (`train.fuse_qkv`, fused_qkv.py) and the MLP's gate and up as one (`train.fuse_gate_up`,
-fused_mlp.py).
+micro-batch waits for the host. The model the loop runs is built by step.py: the step's parts (fused q/k/v,
+FP8 frozen base, split products, …; `train.step`), each with one contract (parts.py, docs/step-parts.md),
+decided and applied in one declared order; the run's first line says what each part resolved to and why.
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +39,7 @@ import torch.distributed as dist
 
 from gpuval.atomic import write_text_atomic
 from gpuval.deadline import phase, step_expected_s
-from gpuval.errors import RunError, UsageError
+from gpuval.errors import UsageError
 from gpuval.finetune.batches import step_batches_for
 from gpuval.finetune.checkpoint import (
     FINAL_ADAPTER,
@@ -52,40 +50,50 @@ from gpuval.finetune.checkpoint import (
 )
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.data import read_jsonl
-from gpuval.finetune.flops import lora_flops_per_token, mfu, peak_flops
-from gpuval.finetune.fp8 import (
-    convert_frozen_linears,
-    excluded_linears,
-    resolve_exclude,
-    resolve_precision,
-)
-from gpuval.finetune.fused_mlp import fuse_gate_up, products_in_fp8, resolve_fuse_gate_up
-from gpuval.finetune.fused_qkv import fuse_qkv, resolve_fuse_qkv
-from gpuval.finetune.kernels import (
-    LastMlpRows,
-    LossHead,
-    apply_liger,
-    missing_liger_note,
-    resolve_attention,
-    resolve_kernels,
-    resolve_row_kernel,
-    resolve_varlen_kernel,
-    use_varlen_attention,
-)
-from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
-from gpuval.finetune.model import apply_lora, load_model, load_tokenizer, token_ids
-from gpuval.finetune.packed_dropout import resolve_dropout_kernel, use_packed_dropout
-from gpuval.finetune.packing import pack_with_stats, packs_s_eff
-from gpuval.finetune.parallel import decoder_layers, deepspeed_config, make_parallel
-from gpuval.finetune.pending import PendingStep
-from gpuval.finetune.split_products import resolve_split_products, split_products
+from gpuval.finetune.flops import peak_flops
+from gpuval.finetune.model import load_tokenizer
+from gpuval.finetune.packing import pack_with_stats
+from gpuval.finetune.parallel import deepspeed_config
+from gpuval.finetune.pending import PendingStep, StepLog
+from gpuval.finetune.step import build_step, decide_parts, part_reports, step_context
 from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 
 TENSORBOARD = "tensorboard"
-PROFILE = "profile"  # train.profile_steps: trace.json and operators.txt
+PROFILE = "profile"  # train.log.profile_steps: trace.json and operators.txt
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
+STEP_KEYS = ("activation_checkpointing", "compile")  # how the step ran besides its parts' reports
+# The summary's keys besides what the step's parts report (summary_keys()).
+BASE_SUMMARY_KEYS = (
+    "schema",
+    "model",
+    "device",
+    "torch",
+    "steps",
+    "final_step",
+    "resumed_from",
+    "adapter",
+    "world_size",
+    "parallel",
+    *STEP_KEYS,
+    "global_batch_packs",
+    "tokens_per_step",
+    "packs",
+    "packing_efficiency",
+    "trainable_params",
+    "peak_memory_gib",
+)
+
+
+def summary_keys() -> tuple[str, ...]:
+    """Every key of train()'s summary: the base keys, then each part's declared reports (step.PARTS)."""
+    return BASE_SUMMARY_KEYS + part_reports()
+
+
+def step_summary_keys() -> tuple[str, ...]:
+    """The summary keys that say how the step ran, after `auto` (bench train's params)."""
+    return STEP_KEYS + part_reports()
 
 
 def train(
@@ -97,7 +105,7 @@ def train(
     quiet: bool = False,
     max_packs: int | None = None,
 ) -> dict[str, Any]:
-    """Train LoRA adapters as `cfg` says; returns a summary with the per-step log.
+    """Train LoRA adapters as `cfg` says; returns a summary with the per-step log (keys: summary_keys()).
 
     `resume`: continue from the newest checkpoint under `cfg.output` (none there: a UsageError).
     `stop_after_step`: return after that step without saving the final adapter, as a killed run would
@@ -123,107 +131,19 @@ def train(
     global_batch = per_rank * world  # packed sequences per optimizer step
     tokens_per_step = global_batch * cfg.data.max_seq_len  # token slots (upper bound; packing fills most)
 
-    # -- model: frozen base + LoRA adapters (same init on every rank: seeded here) -----------------------
-    torch.manual_seed(t.seed)
+    # -- the step: its parts decided (before minutes of loading), then the model built (step.py) ---------
+    torch.manual_seed(t.seed)  # the same LoRA init on every rank
     random.seed(t.seed)
     if t.parallel == "deepspeed":  # a missing or broken JSON is found before minutes of model loading
         deepspeed_config(cfg, world, dtype, runtime.on_gpu)
-    gpu_name = torch.cuda.get_device_name(device) if runtime.on_gpu else None
-    capability = torch.cuda.get_device_capability(device) if runtime.on_gpu else None
-    precision = resolve_precision(
-        t.precision,
-        cfg.dtype,
-        t.parallel,
-        gpu_name,
-        capability,
-        t.fp8_fast_accum,
-        t.fp8_input_grad,
-        t.fp8_exclude,
-    )
-    fuse = resolve_fuse_qkv(t.fuse_qkv, runtime.on_gpu, t.parallel, cfg.lora.target_modules)
-    fuse_mlp = resolve_fuse_gate_up(t.fuse_gate_up, runtime.on_gpu, t.parallel)
-    attention = resolve_attention(t.attention, runtime.on_gpu)
-    row_kernel = resolve_row_kernel(t.row_kernel, runtime.on_gpu)
-    varlen_kernel = resolve_varlen_kernel(t.varlen_kernel, runtime.on_gpu)
-    compiled = t.compile if t.compile != "auto" else (runtime.on_gpu and t.parallel != "deepspeed")
-    kernels = resolve_kernels(t.kernels, runtime.on_gpu, compiled, t.loss_kernel)
-    if (note := missing_liger_note(t.kernels, runtime.on_gpu, kernels, compiled)) and runtime.is_main:
-        print(note, file=sys.stderr)  # said even when quiet (bench train): it costs speed
-    # The fused loss takes the output head out of the model; only where the head is whole on every rank.
-    fusable = kernels.startswith("liger") and t.parallel == "ddp" and not cfg.lora.trainable_tokens
-    if t.loss_kernel != "auto" and not fusable:  # a choice that would be silently ignored
-        raise UsageError(
-            f"train.loss_kernel={t.loss_kernel} chooses the fused loss's kernel, and this run has no fused "
-            f"loss (it needs train.kernels liger or liger-loss, here {kernels}, train.parallel ddp and no "
-            "lora.trainable_tokens): set train.loss_kernel=auto"
-        )
-    model = load_model(cfg.model, dtype, device=device)
-    model.config.use_cache = False
-    if kernels == "liger":
-        apply_liger(model)
-    if attention == "varlen":
-        use_varlen_attention(model, row_kernel, varlen_kernel)
-    if max(max(p.input_ids) for p in packs) >= model.config.vocab_size:
-        raise UsageError(
-            f"tokenizer '{cfg.tokenizer_source}' makes ids beyond model '{cfg.model}''s vocabulary "
-            f"({model.config.vocab_size}): pair the model with its own tokenizer"
-        )
-    model = apply_lora(
-        model,
-        cfg.lora.rank,
-        cfg.lora.alpha,
-        cfg.lora.dropout,
-        cfg.lora.target_modules,
-        token_ids(tokenizer, cfg.lora.trainable_tokens),
-    )
-    checkpointing, checkpointing_why = _checkpointing(cfg, model, runtime, dtype, fusable)
-    log(f"activation checkpointing: {'on' if checkpointing else 'off'} ({checkpointing_why})")
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
-    # After the move (the concatenated and FP8 weights are made on the device), before compiling.
-    fp8 = precision == "fp8-base"
-    layers = decoder_layers(model)  # the fusions below replace modules inside them, never the layers
-    fp8_options = {
-        "fast_accum": t.fp8_fast_accum,
-        "input_grad_fp8": t.fp8_input_grad,
-        "exclude": excluded_linears(layers, resolve_exclude(t.fp8_exclude)) if fp8 else frozenset(),
-    }
-    dropout_kernel = resolve_dropout_kernel(t.dropout_kernel, runtime.on_gpu, compiled)
-    packed_dropouts = use_packed_dropout(layers) if dropout_kernel == "packed" else 0  # before fuse_qkv
-    fused_attention = fuse_qkv(model, fp8=fp8, **fp8_options) if fuse else 0
-    if t.fuse_qkv is True and not fused_attention:
-        raise UsageError(
-            "train.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, k_proj "
-            "and v_proj: set train.fuse_qkv=false"
-        )
-    # Before the FP8 conversion: the fused gate/up quantises its concatenated weight itself, and its parts
-    # are no bare nn.Linear for convert_frozen_linears to quantise again.
-    fused_mlps = fuse_gate_up(model, fp8=fp8, **fp8_options) if fuse_mlp else 0
-    if t.fuse_gate_up is True and not fused_mlps:
-        raise UsageError(
-            "train.fuse_gate_up=true: no MLP has frozen gate_proj and up_proj without LoRA on them "
-            "(lora.target_modules): set train.fuse_gate_up=false"
-        )
-    if fp8:
-        convert_frozen_linears(layers, **fp8_options)
-    fp8_linears = products_in_fp8(layers)
-    loss_kernel = "liger" if t.loss_kernel == "liger" else "chunked"
-    loss_head = LossHead.fuse(model.get_base_model(), loss_kernel) if fusable else LossHead.plain()
-    split = resolve_split_products(
-        t.split_products, runtime.on_gpu, compiled, t.parallel
-    )  # before LastMlpRows
-    split_linears = split_products(layers, model.config.hidden_size, t.split_products is True) if split else 0
-    last_mlp = LastMlpRows.attach(layers) if t.last_mlp_rows == "labelled" else None
-    if compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
-        for layer in layers:
-            layer.compile()
-    trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parallel = make_parallel(t.parallel, model, cfg, runtime, dtype)
+    ctx = step_context(cfg, runtime)
+    log(decide_parts(ctx, runtime.is_main))
+    max_token_id = max(max(p.input_ids) for p in packs)
+    built = build_step(cfg, runtime, ctx, dtype, tokenizer, max_token_id, log)
+    parallel, reports = built.parallel, built.reports
     # bf16 autocast on GPU only: CPU autocast is slow and the tests compare float32 runs bit-for-bit.
     autocast_on = runtime.on_gpu and dtype == torch.bfloat16
     mask_dtype = torch.bfloat16 if autocast_on else dtype
-    peak = peak_flops(torch.cuda.get_device_name(device)) if autocast_on else None
 
     step = 0  # optimizer steps done
     resumed_from = None
@@ -234,28 +154,36 @@ def train(
 
     log("gpuval finetune: effective config")
     log(json.dumps(cfg.model_dump(), indent=2))
+    details = ctx.details
     log(
         f"world {world} ({runtime.backend}, {device.type}, {t.parallel}) | packs {len(packs)} of "
         f"{packed.max_seq_len} tokens, {packed.efficiency:.0%} filled, {packed.dropped} dropped, "
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
-        f"trainable params {trainable_count:,} | precision {precision}"
-        + (
-            f" ({fp8_linears} frozen linears in FP8, {len(fp8_options['exclude'])} kept in bf16 by "
-            "train.fp8_exclude)"
-            if fp8
-            else ""
-        )
-        + (f" | q/k/v fused in {fused_attention} attention layers" if fused_attention else "")
-        + (f" | gate/up fused in {fused_mlps} MLPs" if fused_mlps else "")
+        f"trainable params {built.trainable_count:,} | precision {reports['precision']}"
+        + details.get("fp8_base", "")
+        + details.get("fused_qkv", "")
+        + details.get("fused_gate_up", "")
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
     # Made only now: bad data, a model that does not load or a refused checkpoint leave no event file behind.
-    writer = _tensorboard(output) if t.tensorboard and runtime.is_main else None
+    writer = _tensorboard(output) if t.log.tensorboard and runtime.is_main else None
 
     # -- the loop -------------------------------------------------------------------------------------------
-    history: list[dict[str, Any]] = []
     last_step = t.max_steps if stop_after_step is None else min(stop_after_step, t.max_steps)
+    peak = peak_flops(torch.cuda.get_device_name(device)) if autocast_on else None
+    record = StepLog(
+        world,
+        built.model.config,
+        built.trainable_count,
+        packs,
+        peak,
+        writer,
+        t.log.every_steps,
+        last_step,
+        t.max_steps,
+        log,
+    )
     parallel.module.train()
     profiler = None
     step_batches = step_batches_for(
@@ -268,61 +196,18 @@ def train(
         cfg.data.max_seq_len,
         pad_id,
         device,
-        varlen=attention == "varlen",
-        fixed_longest=compiled,
-        whole_rows=row_kernel != "varlen",
+        varlen=reports["attention"] == "varlen",
+        fixed_longest=ctx.compiled,
+        whole_rows=reports["row_kernel"] != "varlen",
         mask_dtype=mask_dtype,
     )
+    loss_head, last_mlp = built.loss_head, built.last_mlp
     upcoming = step_batches(step) if step < last_step else None
     pending: PendingStep | None = None  # the last step's numbers, still on their way to the host
-    model_config = model.config
-
-    def finish(done: PendingStep) -> None:
-        """Read a step's numbers (waiting for that step alone), stop on divergence, record and log it."""
-        loss_sum, bad, grad_norm, label_tokens, real_tokens = done.values()
-        loss = loss_sum / max(label_tokens, 1)
-        if not math.isfinite(loss) or bad:
-            problem = f"loss {loss:.6g}" + (
-                f", {int(bad)} adapter tensor(s) with NaN/inf after the update" if bad else ""
-            )
-            raise RunError(
-                f"training diverged at step {done.step}: {problem}; stopped without saving this step's "
-                "adapter or checkpoint (lower train.lr, raise train.warmup_steps or check the data)"
-            )
-        elapsed_s = done.seconds()
-        per_gpu = real_tokens / world / elapsed_s
-        flops_per_token = lora_flops_per_token(
-            model_config, trainable_count, packs_s_eff(packs[i] for i in done.pack_indices)
-        )
-        record = {
-            "step": done.step,
-            "loss": loss,
-            "lr": done.lr,
-            "grad_norm": grad_norm,
-            "label_tokens": int(label_tokens),
-            "tokens": int(real_tokens),
-            "step_s": elapsed_s,
-            "tokens_per_s": real_tokens / elapsed_s,
-            "tokens_per_s_per_gpu": per_gpu,
-            "flops_per_token": flops_per_token,
-            "mfu": mfu(per_gpu, flops_per_token, peak),
-        }
-        history.append(record)
-        if writer is not None:
-            for key in ("loss", "lr", "grad_norm", "tokens_per_s_per_gpu", "mfu"):
-                if record[key] is not None:
-                    writer.add_scalar(f"train/{key}", record[key], done.step)
-        if done.step % t.log_every_steps == 0 or done.step == last_step:
-            log(
-                f"step {done.step:5d}/{t.max_steps} | loss {loss:.4f} | lr {done.lr:.3e} | grad norm "
-                f"{grad_norm:.3f} | {per_gpu:,.0f} tokens/s/GPU"
-                + (f" | MFU {record['mfu']:.1%}" if record["mfu"] is not None else "")
-            )
-
     step_seconds: list[float] = []  # host seconds of each step so far: the next step's deadline
     while upcoming is not None:
         with phase(f"train step {step + 1}", step_expected_s(step_seconds)):
-            if t.profile_steps and step == PROFILE_AFTER and runtime.is_main:
+            if t.log.profile_steps and step == PROFILE_AFTER and runtime.is_main:
                 profiler = _start_profiler(runtime.on_gpu)
             started = time.perf_counter()
             if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
@@ -345,7 +230,7 @@ def train(
                 # Gradients are reduced across ranks only on the last micro-batch of the step.
                 with parallel.accumulating(last=index == len(current.batches) - 1):
                     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
-                        # logits, or the final hidden states when the loss head is fused (kernels.LossHead)
+                        # logits, or the final hidden states when the loss head is fused (loss_head.py)
                         model_out = parallel.module(**batch).logits
                         token_losses_sum = loss_head(model_out, None if keep else rows, targets)
                     # × world: the gradient reduction divides the summed gradients by the world size.
@@ -357,19 +242,19 @@ def train(
                     # The last step is read only now, with this step's first micro-batch queued behind it:
                     # the GPU never waits while the host reads, logs and launches (every rank reads the same
                     # reduced numbers here, so on divergence every rank stops at the same point).
-                    finish(pending)
+                    record.finish(pending)
                     pending = None
             # The next step's batches, made and copied while the GPU still runs this one.
             upcoming = step_batches(step + 1) if step + 1 < last_step else None
 
             lr = parallel.lr()
-            grad_norm = parallel.step(t.grad_clip)
+            grad_norm = parallel.step(t.optim.grad_clip)
             step += 1
             # The step's loss and this rank's count of adapter tensors no longer finite, in one reduction:
             # every rank sees the same two numbers, so every rank stops at the same step (none waits in a
             # collective).
             reduced = torch.stack([loss_sum, parallel.nonfinite_weights().to(loss_sum)])
-            if profiler is not None and step == PROFILE_AFTER + t.profile_steps:
+            if profiler is not None and step == PROFILE_AFTER + t.log.profile_steps:
                 _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
                 profiler = None
             dist.all_reduce(reduced)
@@ -378,12 +263,12 @@ def train(
                 step, lr, numbers, current.pack_indices, events if runtime.on_gpu else None, started
             )
         step_seconds.append(time.perf_counter() - started)
-        if t.save_every_steps and step % t.save_every_steps == 0:
-            finish(pending)  # a checkpoint is written only for a step known to be finite
+        if t.save.every_steps and step % t.save.every_steps == 0:
+            record.finish(pending)  # a checkpoint is written only for a step known to be finite
             pending = None
-            save_checkpoint(output, step, step * global_batch, parallel, runtime, t.keep_last, tokenizer)
+            save_checkpoint(output, step, step * global_batch, parallel, runtime, t.save.keep_last, tokenizer)
     if pending is not None:
-        finish(pending)
+        record.finish(pending)
 
     if writer is not None:
         writer.close()
@@ -397,34 +282,22 @@ def train(
         log(f"adapter saved to {adapter_dir} (PEFT format, with the tokenizer and its tool chat template)")
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
-    fused_loss = loss_head.fused is not None
-    del parallel, model, loss_head
+    checkpointing, trainable_count = built.checkpointing, built.trainable_count
+    del parallel, built, loss_head, last_mlp, ctx
     gc.collect()
     summary = {
         "schema": "gpuval.finetune.train/v1",
         "model": cfg.model,
         "device": torch.cuda.get_device_name(device) if runtime.on_gpu else "cpu",
         "torch": torch.__version__,
-        "steps": history,
+        "steps": record.history,
         "final_step": step,
         "resumed_from": resumed_from,
         "adapter": str(adapter_dir) if adapter_dir else None,
         "world_size": world,
         "parallel": t.parallel,
-        "attention": attention,
-        "row_kernel": row_kernel,
-        "varlen_kernel": varlen_kernel,
-        "kernels": kernels,
-        "fused_loss": fused_loss,
-        "loss_kernel": loss_kernel if fused_loss else None,
         "activation_checkpointing": checkpointing,
-        "compile": compiled,
-        "precision": precision,
-        "fused_qkv": fused_attention > 0,
-        "last_mlp_rows": "labelled" if last_mlp is not None else "all",
-        "fused_gate_up": fused_mlps > 0,
-        "split_products": split_linears > 0,
-        "dropout_kernel": "packed" if packed_dropouts else "torch",
+        **reports,  # each part's, and compile
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),
@@ -467,34 +340,11 @@ def _tensorboard(output: Path) -> Any:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise UsageError(
-            "train.tensorboard is on but the tensorboard package is missing: "
-            "pip install tensorboard, or --set train.tensorboard=false"
+            "train.log.tensorboard is on but the tensorboard package is missing: "
+            "pip install tensorboard, or --set train.log.tensorboard=false"
         ) from None
     return SummaryWriter(log_dir=str(output / TENSORBOARD))
 
 
 def _quiet(*_args: Any, **_kwargs: Any) -> None:
     pass
-
-
-def _checkpointing(
-    cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool
-) -> tuple[bool, str]:
-    """Whether to recompute activations, and why: the config's choice, or for `auto` the step's memory
-    estimate (finetune/memory.py) against this GPU's."""
-    t = cfg.train
-    if t.activation_checkpointing != "auto" or not runtime.on_gpu:
-        return choose_checkpointing(t.activation_checkpointing, None, None)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    estimate = estimate_step_memory(
-        model.config,
-        base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
-        trainable_parameters=trainable,
-        tokens_per_micro_batch=t.micro_batch_size * cfg.data.max_seq_len,
-        dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
-        fused_loss=fused,
-        weight_shards=runtime.world_size if t.parallel in ("fsdp", "deepspeed") else 1,
-    )
-    return choose_checkpointing(
-        "auto", estimate, torch.cuda.get_device_properties(runtime.device).total_memory
-    )

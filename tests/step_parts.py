@@ -1,0 +1,40 @@
+"""The tests' way to ask a step part for its decision (finetune/parts.py) without a model or a config file:
+a StepContext from keyword settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
+from gpuval.finetune.parts import Decision, Part, StepContext
+
+
+def context(
+    on_gpu: bool = False,
+    parallel: str = "ddp",
+    compiled: bool = False,
+    dtype: str = "bfloat16",
+    gpu: tuple[str, tuple[int, int]] | None = None,
+    lora: dict[str, Any] | None = None,
+    experimental: dict[str, Any] | None = None,
+    decisions: dict[str, Decision] | None = None,
+    **step: Any,
+) -> StepContext:
+    """`step`: train.step settings by name (fp8={...} for its section); `gpu`: (name, capability)."""
+    return StepContext(
+        step=StepSettings(**step),
+        experimental=ExperimentalSettings(**(experimental or {})),
+        lora=LoraSettings(**(lora or {})),
+        parallel=parallel,
+        on_gpu=on_gpu,
+        compiled=compiled,
+        dtype=dtype,
+        gpu_name=gpu[0] if gpu else None,
+        capability=gpu[1] if gpu else None,
+        decisions=dict(decisions or {}),
+    )
+
+
+def decide(part: Part, **settings: Any) -> Decision:
+    """`part`'s decision in a context made from `settings` (see `context`)."""
+    return part.decide(context(**settings))
