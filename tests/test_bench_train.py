@@ -81,11 +81,15 @@ def test_fixed_mode_conversations_are_longer_than_a_sequence():
 
 @pytest.mark.slow
 def test_bench_train_on_cpu_trains_and_reports(tmp_path, gpuval):
-    out = tmp_path / "train.json"
-    result = gpuval(["bench", "train", "--quick", "--set", "mode=fixed", "--output", str(out)], tmp_path)
+    out, summary_to = tmp_path / "train.json", tmp_path / "summary.json"
+    command = ["bench", "train", "--quick", "--set", "mode=fixed", "--set", f"summary_to={summary_to}"]
+    result = gpuval([*command, "--output", str(out)], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (m,) = json.loads(out.read_text(encoding="utf-8"))["measurements"]
     assert m["name"] == "train" and m["params"]["mode"] == "fixed" and m["samples"] == 3
     assert m["params"]["packing_efficiency"] == 1.0  # every sequence is one 512-token conversation
     assert m["metrics"]["tokens_per_s_per_gpu"] > 0 and m["metrics"]["mfu_pct"] is None  # no CPU peak
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+    # summary_to: train()'s summary, every step's loss (the untimed step too), as benchmarks compare them
+    losses = [step["loss"] for step in json.loads(summary_to.read_text(encoding="utf-8"))["steps"]]
+    assert len(losses) == 1 + 3 and losses[0] == m["metrics"]["loss_first"]

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpuval.atomic import write_text_atomic
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.deadline import FIRST_STEP_S
 from gpuval.errors import RunError
@@ -114,6 +115,9 @@ class TrainBenchOptions(BaseModel):
     )
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
+    )
+    summary_to: str | None = Field(
+        None, description="write train()'s summary (every step's loss, untimed steps too) as JSON here"
     )
     parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
     deepspeed_config: str | None = None
@@ -252,6 +256,8 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
         summary = train(cfg, runtime, save_adapter=False, quiet=True, max_packs=global_batch)
         if options.profile_dir and runtime.is_main:
             shutil.copytree(Path(cfg.output) / PROFILE, options.profile_dir, dirs_exist_ok=True)
+        if options.summary_to and runtime.is_main:
+            write_text_atomic(Path(options.summary_to), json.dumps(summary, indent=2) + "\n")
     return [_measurement(summary, options, runtime)] if runtime.is_main else []
 
 
