@@ -41,7 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 from gpuval.finetune.batches import data_order  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all, read_jsonl  # noqa: E402
-from gpuval.finetune.model import TINY_MODEL_DIR  # noqa: E402
+from gpuval.finetune.model import TINY_MODEL_DIR, load_tokenizer  # noqa: E402
 from gpuval.finetune.packing import Pack, pack_with_stats  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX, encode  # noqa: E402
@@ -51,7 +51,7 @@ from gpuval.runtime import init_runtime  # noqa: E402
 pytestmark = pytest.mark.slow
 
 STEPS = 20
-SEQ_LEN = 256  # tokens per pack
+SEQ_LEN = 192  # tokens per pack
 PACKS = 6  # train() and the reference on the first PACKS packs (train's max_packs): epochs of 3 steps
 RELATIVE = 1e-4  # issue 35: per-step losses equal within 1e-4 relative
 TOOL_TAGS = ["<tool_call>", "</tool_call>"]
@@ -116,13 +116,15 @@ SWITCHES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def train_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Synthetic conversations cut to their first exchange (a request, then a tool call or an answer) and
-    without their tool list (the tiny tokenizer, one character a punctuation token, makes it a
-    300-token system prompt): 70 to 160 tokens, two or three to a pack."""
-    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(30, seed=3))]
+    """Synthetic conversations cut to their first exchange (a request, then a tool call or an answer),
+    without their tool list (the tiny tokenizer, one character a punctuation token, makes it a 300-token
+    system prompt), of at most half a pack: two documents to a pack."""
+    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(60, seed=3))]
     conversations = [{"tools": [], "messages": c["messages"][:2]} for c in convert_all(records)[0]]
+    tokenizer = load_tokenizer("tiny")
+    short = [c for c in conversations if len(encode(c, tokenizer, SEQ_LEN).input_ids) <= SEQ_LEN // 2]
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
+    path.write_text("".join(json.dumps(c) + "\n" for c in short), encoding="utf-8")
     return path
 
 
