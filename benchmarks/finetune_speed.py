@@ -33,9 +33,25 @@ tokens.
 Every step is timed with CUDA events; the first `--warmup` steps are not counted. The LoRA recipe is
 configs/finetune/qwen2-7b-lora.yaml's: r 64, alpha 128, dropout 0.05, q/k/v/o.
 
+Every side runs the same LR schedule, gpuval's (finetune/optim.py, transformers' cosine schedule): peak
+`LR`, no warm-up, cosine to 0 over all `--warmup + --steps` optimizer steps, untimed ones included — bench
+train runs its steps so (LR warm-up 0), the seeds' side through `transformers.get_cosine_schedule_with_
+warmup` (`seeds_schedule`), TRL through `lr_scheduler_type="cosine"`, `warmup_steps=0`.
+
+Same training, checked (issue 35): every side records every optimizer step's loss (`losses`; gpuval's from
+bench train's `summary_to`), and each side's losses are compared with the seeds' at every step: gpuval's
+bf16 sides and TRL's may leave them by at most 1 % of the seeds' loss, the FP8 frozen base (precision
+fp8-base) by 1.5 % (`LOSS_BOUNDS`). The sides differ only in arithmetic (bf16 products, kernels, the order of
+sums), LoRA dropout's random masks and the loss's mean (the seeds' and TRL's average per micro-batch, gpuval
+divides by the step's label tokens), so a larger gap means a step that trains differently. The script
+exits 1 when a side fails its check, a side errored (reported in the check, never skipped) or a variant
+failed; with no seeds' side in `--variants` nothing is checked.
+
 Output JSON (rewritten after every variant, so a run cut short keeps what finished): per variant
 tokens/s/GPU (median, min, max), step ms, MFU (LoRA formula, finetune/flops.py), peak memory, first/last
-loss; `ratio_to_seeds` and `ratio_to_trl`: each variant's tokens/s over the seeds' and over TRL's.
+loss and `losses`; `ratio_to_seeds` and `ratio_to_trl`: each variant's tokens/s over the seeds' and over
+TRL's; `loss_check`: per side its largest relative deviation from the seeds' loss, the step it is at, the
+bound and `passed`.
 """
 
 from __future__ import annotations
@@ -131,6 +147,11 @@ GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
 TRL_MICRO_BATCH = 2  # the seeds' per-device batch; without checkpointing 7B at 3 x 4,096 may not fit
 BASELINES = {"ratio_to_seeds": "seeds", "ratio_to_trl": "trl"}
 LR = 1e-4  # bench train's (gpuval's side), on every side
+# Issue 35: every side must train like the seeds' step. Each checked side's loss may leave the seeds' by at
+# most this share of it at every optimizer step: 1 % for bf16 sides (gpuval's and TRL's), 1.5 % for the FP8
+# frozen base (precision fp8-base). The seeds' side is the reference.
+LOSS_BOUNDS = {"bf16": 0.01, "fp8-base": 0.015}
+LOSS_REFERENCE = "seeds"
 
 
 def main() -> int:
@@ -185,7 +206,10 @@ def main() -> int:
             f"{name:<18} {r['tokens_per_s_per_gpu']:>13,.0f} {mfu:>6} {peak:>9} "
             f"{ratios[0]:>8.2f} {ratios[1]:>6.2f}"
         )
-    return 0 if all("error" not in r for r in results.values()) else 1
+    failed = [name for name, check in report["loss_check"].items() if not check["passed"]]
+    for name, check in report["loss_check"].items():
+        print(f"loss vs {LOSS_REFERENCE}: {name:<16} {describe_check(check)}")
+    return 0 if all("error" not in r for r in results.values()) and not failed else 1
 
 
 SUBPROCESS_FLAGS = (
@@ -211,6 +235,61 @@ def ratios_to(results: dict[str, Any], baseline: str) -> dict[str, float]:
     }
 
 
+def loss_bound(name: str) -> float:
+    """The largest relative loss deviation from the seeds' that side `name` may show (LOSS_BOUNDS)."""
+    return LOSS_BOUNDS[VARIANTS.get(name, {}).get("step.precision", "bf16")]
+
+
+def max_relative_difference(candidate: list[float], reference: list[float]) -> tuple[float, int]:
+    """The largest |candidate − reference| / |reference| and its index."""
+    if len(candidate) != len(reference) or not reference:
+        raise ValueError(f"curves of {len(candidate)} and {len(reference)} points")
+    differences = [abs(c - r) / abs(r) for c, r in zip(candidate, reference, strict=True)]
+    worst = max(range(len(differences)), key=differences.__getitem__)
+    return differences[worst], worst
+
+
+def loss_check(results: dict[str, Any]) -> dict[str, Any]:
+    """Every side but the seeds' against the seeds' per-step losses (issue 35): per side the largest
+    relative deviation, the step it is at (1-based), the bound and whether it passed. A side that errored,
+    has no losses, or cannot be compared because the seeds' side errored fails with the reason; with no
+    seeds' side in the run there is nothing to check (empty)."""
+    if LOSS_REFERENCE not in results:
+        return {}
+    reference = results[LOSS_REFERENCE]
+    checks: dict[str, Any] = {}
+    for name, result in results.items():
+        if name == LOSS_REFERENCE:
+            continue
+        check: dict[str, Any] = {"bound": loss_bound(name), "passed": False}
+        if "error" in reference or "losses" not in reference:
+            why = reference.get("error", "none recorded")
+            check["error"] = f"the {LOSS_REFERENCE} side has no losses: {why}"
+        elif "error" in result or "losses" not in result:
+            check["error"] = f"this side has no losses: {result.get('error', 'none recorded')}"
+        else:
+            try:
+                deviation, index = max_relative_difference(result["losses"], reference["losses"])
+            except ValueError as exc:
+                check["error"] = f"not comparable: {exc}"
+            else:
+                check.update(max_relative_deviation=deviation, at_step=index + 1)
+                check["passed"] = deviation <= check["bound"]
+        checks[name] = check
+    return checks
+
+
+def describe_check(check: dict[str, Any]) -> str:
+    """One line of a side's loss check: PASS/FAIL with the deviation, step and bound, or the error."""
+    if "error" in check:
+        return f"FAIL ({check['error'][:90]})"
+    verdict = "PASS" if check["passed"] else "FAIL"
+    return (
+        f"{verdict} {check['max_relative_deviation']:.2%} at step {check['at_step']} "
+        f"(bound {check['bound']:.1%})"
+    )
+
+
 def write_report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str, Any]:
     report = {
         "schema": "gpuval.bench.finetune_speed/v1",
@@ -229,6 +308,7 @@ def write_report(args: argparse.Namespace, results: dict[str, Any]) -> dict[str,
         },
         "variants": results,
         **{key: ratios_to(results, baseline) for key, baseline in BASELINES.items()},
+        "loss_check": loss_check(results),
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
@@ -280,7 +360,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.profile == name:  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
         options["profile_dir"] = str(args.output.resolve().parent / f"profile-{name}")
     with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "train.json"
+        out, summary_to = Path(folder) / "train.json", Path(folder) / "summary.json"
+        options["summary_to"] = str(summary_to)  # train()'s summary: every step's loss
         command = [sys.executable, "-m", "gpuval", "bench", "train", "--output", str(out)]
         if name in INDUCTOR:  # the same command, after setting them in that process
             start = prelude(name)
@@ -292,8 +373,10 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         if proc.returncode != 0:
             raise SystemExit(f"gpuval bench train failed: {(proc.stdout + proc.stderr).strip()[-800:]}")
         result = json.loads(out.read_text(encoding="utf-8"))
+        losses = [step["loss"] for step in json.loads(summary_to.read_text(encoding="utf-8"))["steps"]]
+    del options["summary_to"]  # a temporary path, gone now
     (measurement,) = [m for m in result["measurements"] if m["name"] == "train"]
-    return {**measurement["metrics"], "params": measurement["params"], "options": options}
+    return {**measurement["metrics"], "losses": losses, "params": measurement["params"], "options": options}
 
 
 def prelude(name: str) -> str:
@@ -352,6 +435,7 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=LR, fused=True)
+    schedule = seeds_schedule(optimizer, args.warmup + args.steps)
     losses, times = [], []
     for _step in range(args.warmup + args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -365,6 +449,7 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
             step_loss += loss.detach() / accumulation
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad(set_to_none=True)
         end.record()
         end.synchronize()
@@ -377,6 +462,14 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
         "attention": "sdpa",
     }
     return step_result(args, model.config, sum(p.numel() for p in trainable), times, losses, params)
+
+
+def seeds_schedule(optimizer: Any, total_steps: int) -> Any:
+    """The seeds' side's LR schedule, gpuval's (finetune/optim.py, bench train: no warm-up over all of its
+    steps): cosine from the peak to 0 over `total_steps`, as transformers' Trainer makes it."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    return get_cosine_schedule_with_warmup(optimizer, 0, total_steps)
 
 
 def recipe_lora() -> Any:
@@ -420,6 +513,7 @@ def step_result(
         "peak_memory_gib": torch.cuda.max_memory_allocated(0) / 2**30,
         "loss_first": losses[0],
         "loss_last": statistics.fmean(losses[-2:]),
+        "losses": losses,  # every optimizer step's, the untimed ones too
         "params": params,
     }
 
@@ -466,7 +560,8 @@ def trl_config_kwargs(
         "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": args.sequences_per_step // micro,
         "learning_rate": LR,
-        "lr_scheduler_type": "constant",
+        "lr_scheduler_type": "cosine",  # gpuval's schedule, as the seeds' side (seeds_schedule)
+        "warmup_steps": 0,
         "weight_decay": 0.0,
         "max_grad_norm": 1.0,
         "optim": "adamw_torch_fused",

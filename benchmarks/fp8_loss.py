@@ -33,7 +33,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from finetune_speed import git_commit, run_bounded  # beside this file: on sys.path when run as a script
+from finetune_speed import (  # beside this file: on sys.path when run as a script
+    git_commit,
+    max_relative_difference,
+    run_bounded,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # Each run: its train settings on top of train_config's. bf16 is the reference every other run is compared
@@ -172,15 +176,6 @@ def run_training(args: argparse.Namespace, name: str, data: Path, output: Path) 
 def smooth(losses: list[float], window: int) -> list[float]:
     """Trailing mean over `window` steps; the first window - 1 steps have none (fewer steps to average)."""
     return [statistics.fmean(losses[i + 1 - window : i + 1]) for i in range(window - 1, len(losses))]
-
-
-def max_relative_difference(candidate: list[float], reference: list[float]) -> tuple[float, int]:
-    """The largest |candidate − reference| / |reference| and its index."""
-    if len(candidate) != len(reference) or not reference:
-        raise ValueError(f"curves of {len(candidate)} and {len(reference)} points")
-    differences = [abs(c - r) / abs(r) for c, r in zip(candidate, reference, strict=True)]
-    worst = max(range(len(differences)), key=differences.__getitem__)
-    return differences[worst], worst
 
 
 def compare(runs: dict[str, Any], window: int) -> dict[str, Any]:

@@ -142,3 +142,6 @@ def test_bench_train_on_cpu_trains_and_reports(tmp_path, gpuval):
     assert m["params"]["packing_efficiency"] == 1.0  # every sequence is one 512-token conversation
     assert m["metrics"]["tokens_per_s_per_gpu"] > 0 and m["metrics"]["mfu_pct"] is None  # no CPU peak
     assert m["metrics"]["loss_last"] < m["metrics"]["loss_first"]
+    # summary_to: train()'s summary, every step's loss (the untimed step too), as benchmarks compare them
+    losses = [step["loss"] for step in json.loads(copied.read_text(encoding="utf-8"))["steps"]]
+    assert len(losses) == 1 + 3 and losses[0] == m["metrics"]["loss_first"]

@@ -1,12 +1,14 @@
 """benchmarks/finetune_speed.py and benchmarks/fp8_loss.py, as far as a CPU goes: the TRL side's arguments
 (the recipe issue 23 asks for), a short TRL SFTTrainer run of the tiny model through the benchmark's own
-training function and step timer, the ratios, and the FP8 loss comparison. The GPU runs themselves are the
+training function and step timer, the ratios, every side's LR schedule and per-step loss check against the
+seeds' (issue 35), and the FP8 loss comparison. The GPU runs themselves are the
 device scripts' (tools/device/finetune_speed_device.sh)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +56,8 @@ def test_the_trl_side_is_the_recipe_issue_23_asks_for():
     # the same sequences per optimizer step as the other sides: 2 x 3 = 6
     assert padding_free["per_device_train_batch_size"] * padding_free["gradient_accumulation_steps"] == 6
     assert padding_free["max_steps"] == 3 + 8 and padding_free["learning_rate"] == speed.LR
+    # gpuval's schedule (issue 35): cosine to 0 over every step, no warm-up
+    assert (padding_free["lr_scheduler_type"], padding_free["warmup_steps"]) == ("cosine", 0)
     assert padding_free["max_length"] is None  # TRL refuses max_length with padding-free and no packing
     padded = speed.trl_config_kwargs(speed_args(), padding_free=False, output_dir="/tmp/x")
     assert padded["padding_free"] is False and padded["max_length"] == 4096
@@ -120,6 +124,115 @@ def test_ratios_to_seeds_and_to_trl():
     assert speed.ratios_to(results, "trl") == {"seeds": 0.5, "trl": 1.0, "gpuval": 1.5}
     assert speed.ratios_to({"gpuval": {"tokens_per_s_per_gpu": 1.0}}, "trl") == {}
     assert speed.BASELINES == {"ratio_to_seeds": "seeds", "ratio_to_trl": "trl"}
+
+
+def _lrs(optimizer, schedule, steps: int) -> list[float]:
+    """The learning rate each of `steps` optimizer steps runs with under `schedule`."""
+    lrs = []
+    for _step in range(steps):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return lrs
+
+
+def test_the_seeds_and_trl_run_gpuvals_lr_schedule():
+    """Issue 35: the seeds' side and TRL's decay the LR as gpuval's side does (bench train: no warm-up,
+    cosine to 0 over untimed and timed steps), so their losses can be compared step by step."""
+    import torch
+    from transformers import get_scheduler
+
+    from gpuval.finetune.optim import lr_factor
+
+    total = 3 + 8
+    gpuval = [speed.LR * lr_factor(step, 0, total) for step in range(total)]
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=speed.LR)
+    seeds = _lrs(optimizer, speed.seeds_schedule(optimizer, total), total)
+    assert seeds == pytest.approx(gpuval, rel=1e-9)
+    assert seeds[0] == speed.LR and seeds[-1] < 0.05 * speed.LR  # not constant: it decays to near 0
+    # TRL's Trainer builds its schedule from these SFTConfig arguments with transformers' get_scheduler
+    config = speed.trl_config_kwargs(speed_args(), padding_free=True, output_dir="/tmp/x")
+    optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=config["learning_rate"])
+    trl_schedule = get_scheduler(
+        config["lr_scheduler_type"],
+        optimizer,
+        num_warmup_steps=config["warmup_steps"],
+        num_training_steps=config["max_steps"],
+    )
+    assert _lrs(optimizer, trl_schedule, total) == pytest.approx(gpuval, rel=1e-9)
+
+
+def test_the_loss_check_compares_every_side_with_the_seeds_at_every_step():
+    seeds = [10.0, 9.0, 8.0, 7.0]
+    results = {
+        "seeds": {"losses": seeds},
+        "gpuval": {"losses": [10.05, 9.05, 8.05, 7.05]},  # within 1 % at every step: 0.71 % at step 4
+        "gpuval-unfused": {"losses": [10.0, 9.0, 8.1, 7.0]},  # 1.25 % at step 3 only
+        "gpuval-fp8": {"losses": [10.1, 9.1, 8.1, 7.07]},  # 1.25 % at step 3: within FP8's 1.5 %
+        "trl": {"losses": [10.0, 9.0, 8.0, 7.1]},  # TRL: 1 % too, 1.43 % at step 4
+        "trl-padded": {"error": "exit 1: out of memory"},
+        "gpuval-mb1": {"losses": [10.0, 9.0, 8.0]},  # a step short
+    }
+    check = speed.loss_check(results)
+    assert "seeds" not in check and set(check) == set(results) - {"seeds"}
+    assert check["gpuval"]["passed"] and check["gpuval"]["bound"] == 0.01
+    assert check["gpuval"]["max_relative_deviation"] == pytest.approx(0.05 / 7)
+    assert check["gpuval"]["at_step"] == 4
+    unfused = check["gpuval-unfused"]
+    assert not unfused["passed"] and unfused["at_step"] == 3
+    assert unfused["max_relative_deviation"] == pytest.approx(0.0125)
+    fp8 = check["gpuval-fp8"]
+    assert fp8["passed"] and fp8["bound"] == 0.015 and fp8["at_step"] == 3
+    assert not check["trl"]["passed"] and check["trl"]["bound"] == 0.01 and check["trl"]["at_step"] == 4
+    assert not check["trl-padded"]["passed"] and "out of memory" in check["trl-padded"]["error"]
+    assert not check["gpuval-mb1"]["passed"] and "3 and 4 points" in check["gpuval-mb1"]["error"]
+    assert speed.describe_check(check["gpuval-unfused"]) == "FAIL 1.25% at step 3 (bound 1.0%)"
+    assert speed.describe_check(check["gpuval"]).startswith("PASS 0.71% at step 4")
+    # FP8 beyond 1.5 % fails; the seeds' side missing its losses fails every check, naming why
+    results["gpuval-fp8"]["losses"][1] = 9.0 * 1.016
+    assert not speed.loss_check(results)["gpuval-fp8"]["passed"]
+    failed_seeds = speed.loss_check({"seeds": {"error": "timed out"}, "gpuval": results["gpuval"]})
+    assert failed_seeds["gpuval"]["passed"] is False and "timed out" in failed_seeds["gpuval"]["error"]
+    assert speed.loss_check({"gpuval": results["gpuval"]}) == {}  # no seeds' side run: nothing to check
+    assert speed.LOSS_BOUNDS == {"bf16": 0.01, "fp8-base": 0.015}  # issue 35
+
+
+def test_the_report_carries_the_loss_check_and_a_failed_check_fails_the_script(tmp_path, monkeypatch):
+    losses = {"seeds": [10.0, 9.0], "gpuval": [10.0, 9.5]}  # gpuval 5.6 % off at step 2
+    monkeypatch.setattr(speed, "run_bounded", lambda command, timeout_s: (0, _one_result(command, losses)))
+    monkeypatch.setattr(speed, "_versions", dict)
+    output = tmp_path / "speed.json"
+    monkeypatch.setattr(
+        sys, "argv", ["finetune_speed.py", "--variants", "seeds,gpuval", "--output", str(output)]
+    )
+    assert speed.main() == 1
+    report = json.loads(output.read_text(encoding="utf-8"))
+    assert report["variants"]["gpuval"]["losses"] == [10.0, 9.5]
+    assert (
+        report["loss_check"]["gpuval"]["passed"] is False and report["loss_check"]["gpuval"]["at_step"] == 2
+    )
+    losses["gpuval"] = [10.0, 9.05]
+    assert speed.main() == 0
+    assert json.loads(output.read_text(encoding="utf-8"))["loss_check"]["gpuval"]["passed"] is True
+
+
+def _one_result(command: list[str], losses: dict[str, list[float]]) -> str:
+    """What `finetune_speed.py --one NAME` prints for a variant: its RESULT line."""
+    name = command[command.index("--one") + 1]
+    result = {"tokens_per_s_per_gpu": 1.0, "losses": losses[name]}
+    return "RESULT " + json.dumps(result) + "\n"
+
+
+@pytest.mark.slow
+def test_a_gpuval_side_carries_every_steps_loss_from_bench_train():
+    """run_one's gpuval side through the real `gpuval bench train` (tiny model, CPU): bench train writes
+    train()'s summary to `summary_to`, and the side's entry holds every step's loss, untimed ones too."""
+    args = speed_args(
+        model="tiny", seq_len=128, steps=2, warmup=1, records=40, sequences_per_step=3, profile=None
+    )
+    result = speed.run_one("gpuval", args)
+    assert len(result["losses"]) == 1 + 2 and result["losses"][0] == result["loss_first"]
+    assert "summary_to" not in result["options"]  # a temporary file, not part of the settings
 
 
 @pytest.mark.slow

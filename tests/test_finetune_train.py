@@ -75,9 +75,21 @@ def lora_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_lr_schedule_warms_up_linearly_then_decays_by_cosine_to_zero():
-    assert [lr_factor(s, 4, 12) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    # transformers' get_cosine_schedule_with_warmup: the first step's lr is 0, the peak comes at step 4
+    assert [lr_factor(s, 4, 12) for s in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert lr_factor(8, 4, 12) == pytest.approx(0.5)
     assert lr_factor(12, 4, 12) == pytest.approx(0.0)
+    from transformers import get_cosine_schedule_with_warmup
+
+    for warmup, total in ((4, 12), (0, 7), (10, 60)):
+        optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+        schedule = get_cosine_schedule_with_warmup(optimizer, warmup, total)
+        expected = []
+        for _step in range(total):
+            expected.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            schedule.step()
+        assert [lr_factor(s, warmup, total) for s in range(total)] == pytest.approx(expected, abs=1e-12)
 
 
 @pytest.mark.slow
