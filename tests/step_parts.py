@@ -18,6 +18,7 @@ def context(
     lora: dict[str, Any] | None = None,
     experimental: dict[str, Any] | None = None,
     decisions: dict[str, Decision] | None = None,
+    tied_head: bool = False,
     **step: Any,
 ) -> StepContext:
     """`step`: train.step settings by name (fp8={...} for its section); `gpu`: (name, capability)."""
@@ -32,6 +33,7 @@ def context(
         gpu_name=gpu[0] if gpu else None,
         capability=gpu[1] if gpu else None,
         decisions=dict(decisions or {}),
+        tied_head=tied_head,
     )
 
 

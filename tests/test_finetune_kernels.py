@@ -410,3 +410,33 @@ def test_last_mlp_rows_attaches_to_dense_gated_mlps_only_and_runs_all_rows_below
     assert torch.equal(out[0, [0, 2, 3, 5]], torch.zeros(4, x.shape[-1]))  # unread rows: zeros
     last.use(None)
     torch.testing.assert_close(out[0, [1, 4]], layers[-1].mlp(x)[0, [1, 4]])
+
+
+def test_the_fused_loss_runs_under_every_parallel_mode_unless_the_head_is_tied_to_sharded_embeddings(
+    capsys,
+):
+    from step_parts import context
+
+    from gpuval.finetune.loss_head import FusedLossPart
+    from gpuval.finetune.parts import Decision
+    from gpuval.finetune.step import decide_parts
+
+    liger_loss = {"liger_ops": Decision(False, "liger-loss", "set")}
+    for parallel in ("ddp", "fsdp", "deepspeed"):  # an untied head leaves the model: whole on every rank
+        decision = FusedLossPart().decide(context(parallel=parallel, decisions=liger_loss))
+        assert decision.on and decision.choice == "chunked" and parallel in decision.why
+    # Tied to the input embeddings, the weight stays in the model: ddp keeps it whole, the others shard it.
+    assert FusedLossPart().decide(context(parallel="ddp", tied_head=True, decisions=liger_loss)).on
+    for parallel in ("fsdp", "deepspeed"):
+        decision = FusedLossPart().decide(context(parallel=parallel, tied_head=True, decisions=liger_loss))
+        assert not decision.on and "tied to the input embeddings" in decision.why
+        assert decision.note and f"train.parallel={parallel}" in decision.note  # never silent
+        with pytest.raises(UsageError, match=r"^train.step.loss_kernel=chunked chooses .*set "):
+            FusedLossPart().decide(
+                context(parallel=parallel, tied_head=True, decisions=liger_loss, loss_kernel="chunked")
+            )
+    # The note reaches stderr on the main rank through the parts' start-up line, quiet run or not.
+    ctx = context(parallel="fsdp", tied_head=True, kernels="liger-loss")
+    line = decide_parts(ctx, is_main=True)
+    assert "fused_loss off (auto: not under fsdp: the output head is tied" in line
+    assert "step parts: fused_loss off under train.parallel=fsdp" in capsys.readouterr().err

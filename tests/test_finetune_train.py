@@ -501,3 +501,57 @@ def test_nonfinite_weights_counts_each_tensor_holding_a_nan_or_inf_once():
     assert int(Parallel.nonfinite_weights(holder)) == 0
     holder.trainable = []
     assert int(Parallel.nonfinite_weights(holder)) == 0
+
+
+@pytest.fixture(scope="module")
+def untied_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with its own output head (Qwen2-7B's layout: tie_word_embeddings false), weights equal
+    to the tied one's: the fused loss then takes the head out of the model under every parallel mode."""
+    from gpuval.finetune.model import load_model, load_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-untied")
+    model = load_model("tiny", torch.float32)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.save_pretrained(folder)
+    load_tokenizer("tiny").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("parallel", ["fsdp", "deepspeed"])
+def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
+    train_file, tmp_path, untied_tiny, parallel
+):
+    """FSDP2 and ZeRO-3 with the parts that once ran under ddp only: the fused loss (the head, taken out of
+    the model, stays whole on every rank) and split products (the gathered weights read at call time) give
+    one process's losses, and the summary says both ran."""
+    if parallel == "deepspeed":
+        pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
+    parts = {"kernels": "liger-loss", "split_products": True}
+
+    def run(program: list[str], accumulation: int, name: str, mode: str) -> tuple[list, dict]:
+        settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
+        if mode == "deepspeed":
+            settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
+        data = config_dict(train_file, tmp_path / name, **settings, parallel=mode)
+        data["model"] = str(untied_tiny)
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(yaml.safe_dump(data), encoding="utf-8")
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run(
+            [*program, str(WORKER), str(config), str(out)],
+            env=cli_env(OMP_NUM_THREADS="1"),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        summary = json.loads(out.read_text(encoding="utf-8"))
+        assert summary["fused_loss"] and summary["split_products"], summary
+        return [s["loss"] for s in summary["steps"]], summary
+
+    single, _ = run([sys.executable], 4, "single", "ddp")
+    sharded, summary = run([str(TORCHRUN), "--standalone", "--nproc_per_node=2"], 2, parallel, parallel)
+    assert summary["world_size"] == 2 and summary["parallel"] == parallel
+    assert sharded == pytest.approx(single, rel=1e-5)

@@ -178,7 +178,8 @@ class StepSettings(_Strict):
     )
     kernels: Literal["auto", "liger", "liger-loss", "torch"] = Field(
         "auto",
-        description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and the fused linear+cross-entropy (ddp); "
+        description="liger: Liger-Kernel RMSNorm/SwiGLU/RoPE and the fused linear+cross-entropy (every "
+        "parallel mode where the output head is not tied to the embeddings); "
         "liger-loss: the fused loss alone (gpuval's own unless loss_kernel=liger: no Liger needed); torch: "
         "transformers' own; auto: on a GPU liger-loss when compiled, else liger where installed",
     )
@@ -201,7 +202,7 @@ class StepSettings(_Strict):
     split_products: bool | Literal["auto"] = Field(
         "auto",
         description="every frozen linear's hidden-size side as two column groups (finetune/"
-        "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers under ddp",
+        "split_products.py: faster tiles on an H100); auto: on a GPU with compiled layers under ddp or fsdp",
     )
     dropout_kernel: Literal["auto", "packed", "torch"] = Field(
         "auto",

@@ -89,6 +89,18 @@ def load_model(
         raise UsageError(f"model '{path_or_name}': {first_line(exc)}") from None
 
 
+def ties_output_head(path_or_name: str | Path) -> bool:
+    """Whether the model's output head shares the input embeddings' weight (`tie_word_embeddings` in its
+    config.json): read before the weights load."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_model(path_or_name))
+    except OSError as exc:
+        raise UsageError(f"model '{path_or_name}': {first_line(exc)}") from None
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
 def linear_module_names(model: torch.nn.Module) -> list[str]:
     """Last name components of the model's nn.Linear modules (`q_proj`, ...): what LoRA can target."""
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _is_linear(module)})

@@ -60,6 +60,7 @@ class StepContext:
     dtype: str  # the base weights' dtype name: bfloat16 or float32
     gpu_name: str | None = None  # torch.cuda.get_device_name; None on a CPU
     capability: tuple[int, int] | None = None  # torch.cuda.get_device_capability; None on a CPU
+    tied_head: bool = False  # the model's output head shares the input embeddings' weight
     decisions: dict[str, Decision] = field(default_factory=dict)  # the parts decided so far, by name
     layers: list[Any] = field(default_factory=list)  # the decoder layers (set before the adapted stage)
     # What the training loop uses per micro-batch, left by parts: "loss_head", "last_mlp_rows"

@@ -149,8 +149,9 @@ class SplitProductsPart(Part):
     """Split products: every frozen linear's hidden-size side in two column groups (module docstring;
     `train.step.split_products`).
 
-    Applies when set true, or by auto on a GPU with compiled layers under ddp: in eager layers the forward's
-    join is a copy of its own, and under fsdp and deepspeed it was never measured (off, and said so). True
+    Applies when set true, or by auto on a GPU with compiled layers under ddp or fsdp (FSDP2 hands each
+    layer's forward its gathered weights, which the split forward reads at call time): in eager layers the
+    forward's join is a copy of its own, and under deepspeed it was never measured (off, and said so). True
     with no linear to split is a UsageError.
     Changes: each such linear instance's `forward` (module tree and state dict untouched).
     Reports `split_products`.
@@ -169,9 +170,9 @@ class SplitProductsPart(Part):
             return Decision(False, False, "auto: CPU")
         if not ctx.compiled:
             return Decision(False, False, "auto: layers not compiled")
-        if ctx.parallel != "ddp":
+        if ctx.parallel == "deepspeed":
             return ctx.off_under_parallel(self.name, ": not measured there")
-        return Decision(True, True, "auto: GPU, compiled, ddp")
+        return Decision(True, True, f"auto: GPU, compiled, {ctx.parallel}")
 
     def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
         count = split_products(ctx.layers, model.config.hidden_size, ctx.step.split_products is True)

@@ -26,7 +26,7 @@ from gpuval.finetune.last_mlp_rows import LastMlpRows, LastMlpRowsPart
 from gpuval.finetune.liger_ops import LigerOpsPart
 from gpuval.finetune.loss_head import FusedLossPart, LossHead
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
-from gpuval.finetune.model import apply_lora, load_model, token_ids
+from gpuval.finetune.model import apply_lora, load_model, ties_output_head, token_ids
 from gpuval.finetune.packed_dropout import PackedDropoutPart
 from gpuval.finetune.parallel import decoder_layers, make_parallel
 from gpuval.finetune.parts import Decision, Part, StepContext
@@ -92,6 +92,7 @@ def step_context(cfg: FinetuneConfig, runtime: Runtime) -> StepContext:
         dtype=cfg.dtype,
         gpu_name=torch.cuda.get_device_name(device) if on_gpu else None,
         capability=torch.cuda.get_device_capability(device) if on_gpu else None,
+        tied_head=ties_output_head(cfg.model),
     )
     ctx.decisions["compile"] = _compile_decision(ctx)
     ctx.compiled = ctx.decisions["compile"].on
