@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Issue 35's scaling evidence, on a device machine of several GPUs: the round-2 step (`gpuval bench train`'s
+# GPU defaults: Qwen2-7B shape with random weights, LoRA r64 q/k/v/o, dropout 0.05, packed Glaive-length
+# documents in 4,096-token rows, micro-batch 3, compiled layers, the fused loss, split products and the rest
+# of the parts as `auto` decides them for each parallel mode) on one GPU and under torchrun on 2 and on
+# every local GPU, with DDP, FSDP2 and DeepSpeed ZeRO-3; each run's per-GPU tokens/s against the one-GPU
+# run of the same call. Then the shipped recipe (configs/finetune/qwen2-7b-lora.yaml) through
+# `gpuval finetune train --nproc N` and through torchrun.
+#
+#   PHASE=wide bash tools/device/finetune_scaling_device.sh    # 1 GPU, then every local GPU: ddp, fsdp,
+#                                                              # deepspeed, the ZeRO-3 experiments, fp8 ddp
+#   PHASE=two  bash tools/device/finetune_scaling_device.sh    # 1 GPU, then 2 GPUs: ddp, fsdp, deepspeed;
+#                                                              # the shipped recipe on every local GPU
+#   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
+#
+# Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson). Writes under $OUT:
+# PHASE/<run>.json (gpuval.bench/v1 of bench train, or train_summary.json of the shipped recipe),
+# PHASE/log.txt, PHASE/env.json and PHASE/scaling.json (every run's tokens/s/GPU, its retention against the
+# one-GPU run of the same precision in this call, peak memory, what each part decided).
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+PHASE=${PHASE:-wide}
+STEPS=${STEPS:-6}
+UNTIMED=${UNTIMED:-3}
+SHIPPED_STEPS=${SHIPPED_STEPS:-8}
+CALL_S=${CALL_S:-590}  # the device call's limit: a run is not started with less than RUN_MIN_S left
+RUN_MIN_S=${RUN_MIN_S:-75}
+GPUS=${GPUS:-$(python3 -c "import torch; print(torch.cuda.device_count())")}
+D="$OUT/$PHASE"
+W=/tmp/gpuval-scaling-$PHASE
+mkdir -p "$D" "$W"
+exec > >(tee "$D/log.txt") 2>&1
+COMMON=(--set steps="$STEPS" --set untimed_steps="$UNTIMED" --set lora.dropout=0.05)
+ZERO3=(--set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3.json)
+
+runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...], one per line
+  case "$1" in
+    wide)  # in order of need: the call may end before the last ones (CALL_S)
+      echo "1gpu 1"
+      echo "ddp-$GPUS $GPUS --set parallel=ddp"
+      echo "fsdp-$GPUS $GPUS --set parallel=fsdp"
+      echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      echo "1gpu-fp8 1 --set step.precision=fp8-base"
+      echo "ddp-fp8-$GPUS $GPUS --set parallel=ddp --set step.precision=fp8-base"
+      # experiments: ZeRO-3 tuned (configs/finetune/deepspeed/zero3-optimized.json); ZeRO-3 compiled;
+      # FSDP2 without split products (what auto's split products give under fsdp)
+      echo "deepspeed-optimized-$GPUS $GPUS --set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3-optimized.json"
+      echo "deepspeed-compiled-$GPUS $GPUS ${ZERO3[*]} --set step.compile=true"
+      echo "fsdp-whole-products-$GPUS $GPUS --set parallel=fsdp --set step.split_products=false"
+      ;;
+    two)
+      echo "1gpu 1"
+      echo "ddp-2 2 --set parallel=ddp"
+      echo "fsdp-2 2 --set parallel=fsdp"
+      echo "deepspeed-2 2 ${ZERO3[*]}"
+      ;;
+  esac
+}
+
+python3 - "$D/env.json" <<'PY'
+import datetime, importlib.metadata as md, json, subprocess, sys, torch
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+json.dump({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+           "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None,
+           **{name: version(name) for name in ("transformers", "peft", "liger-kernel", "deepspeed", "flash-attn-4")}},
+          open(sys.argv[1], "w"), indent=2)
+print(open(sys.argv[1]).read())
+PY
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv
+
+visible() {  # the first N GPUs
+  python3 -c "print(','.join(str(i) for i in range($1)))"
+}
+timed() {  # NAME COMMAND...: run it, say its exit code and wall seconds
+  local name=$1 start rc
+  shift
+  echo "=== $name: $*"
+  start=$(date +%s.%N)
+  "$@"
+  rc=$?
+  echo "=== $name exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
+}
+
+while read -r name n args; do
+  [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && continue
+  [ "$n" -gt "$GPUS" ] && { echo "=== $name: needs $n GPUs, $GPUS here"; continue; }
+  [ $((CALL_S - SECONDS)) -lt "$RUN_MIN_S" ] && { echo "=== $name: not started, $((CALL_S - SECONDS)) s left"; continue; }
+  read -r -a extra <<<"${args:-}"
+  if [ "$n" = 1 ]; then
+    timed "$name" env CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m gpuval bench train "${COMMON[@]}" \
+      "${extra[@]}" --output "$D/$name.json" </dev/null  # stdin: the loop's list of runs
+  else
+    timed "$name" env CUDA_VISIBLE_DEVICES="$(visible "$n")" timeout 150 torchrun --standalone \
+      --nproc_per_node="$n" -m gpuval bench train "${COMMON[@]}" "${extra[@]}" --output "$D/$name.json" \
+      </dev/null
+  fi
+done < <(runs_for "$PHASE")
+
+if [ "$PHASE" = two ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" shipped "* ]]; }; then
+  # The shipped recipe as a user runs it, on every local GPU: gpuval's own launcher, then torchrun.
+  python3 -m gpuval finetune synth --n 1500 --values train --output "$W/glaive.jsonl" >/dev/null
+  python3 -m gpuval finetune prepare --input "$W/glaive.jsonl" --output "$W/data" >/dev/null
+  SHIPPED=(--config configs/finetune/qwen2-7b-lora.yaml --set model=qwen2-7b-shape --set tokenizer=tiny
+    --set data.train="$W/data/train.jsonl" --set data.eval=null --set train.max_steps="$SHIPPED_STEPS"
+    --set train.optim.warmup_steps=2 --set train.save.every_steps=0 --set train.log.every_steps=1)
+  timed "shipped-nproc-$GPUS" timeout 150 python3 -m gpuval finetune train "${SHIPPED[@]}" \
+    --set output="$W/nproc" --nproc "$GPUS"
+  cp "$W/nproc/train_summary.json" "$D/shipped-nproc-$GPUS.json" 2>/dev/null
+  timed "shipped-torchrun-$GPUS" timeout 150 torchrun --standalone --nproc_per_node="$GPUS" -m gpuval \
+    finetune train "${SHIPPED[@]}" --set output="$W/torchrun"
+  cp "$W/torchrun/train_summary.json" "$D/shipped-torchrun-$GPUS.json" 2>/dev/null
+fi
+
+python3 tools/device/scaling_table.py "$D" | tee "$D/table.txt"
