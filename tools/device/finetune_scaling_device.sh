@@ -31,7 +31,9 @@ W=/tmp/gpuval-scaling-$PHASE
 mkdir -p "$D" "$W"
 exec > >(tee "$D/log.txt") 2>&1
 COMMON=(--set steps="$STEPS" --set untimed_steps="$UNTIMED" --set lora.dropout=0.05)
-ZERO3=(--set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3.json)
+# ZeRO-3 with eager layers (`auto`'s choice under deepspeed): compiled under ZeRO-3's parameter hooks the
+# step ran at 27 % of one GPU on 4xH200 (results/2026-11-27-h200x4-finetune-scaling/)
+ZERO3=(--set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3.json --set step.compile=false)
 
 runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...], one per line
   case "$1" in
@@ -44,7 +46,7 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "ddp-fp8-$GPUS $GPUS --set parallel=ddp --set step.precision=fp8-base"
       # experiments: ZeRO-3 tuned (configs/finetune/deepspeed/zero3-optimized.json); ZeRO-3 compiled;
       # FSDP2 without split products (what auto's split products give under fsdp)
-      echo "deepspeed-optimized-$GPUS $GPUS --set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3-optimized.json"
+      echo "deepspeed-optimized-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=configs/finetune/deepspeed/zero3-optimized.json"
       echo "deepspeed-compiled-$GPUS $GPUS ${ZERO3[*]} --set step.compile=true"
       echo "fsdp-whole-products-$GPUS $GPUS --set parallel=fsdp --set step.split_products=false"
       ;;
@@ -53,6 +55,10 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "ddp-2 2 --set parallel=ddp"
       echo "fsdp-2 2 --set parallel=fsdp"
       echo "deepspeed-2 2 ${ZERO3[*]}"
+      [ "$GPUS" -gt 2 ] && echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      echo "shipped-nproc-$GPUS $GPUS"
+      echo "shipped-torchrun-$GPUS $GPUS"
+      [ "$GPUS" -gt 2 ] && echo "deepspeed-optimized-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=configs/finetune/deepspeed/zero3-optimized.json"
       ;;
   esac
 }
@@ -87,12 +93,28 @@ timed() {  # NAME COMMAND...: run it, say its exit code and wall seconds
   echo "=== $name exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
 }
 
+if [ "$PHASE" = two ]; then  # the shipped recipe's data (synthetic Glaive records, prepared)
+  python3 -m gpuval finetune synth --n 1500 --values train --output "$W/glaive.jsonl" >/dev/null
+  python3 -m gpuval finetune prepare --input "$W/glaive.jsonl" --output "$W/data" >/dev/null
+fi
+SHIPPED=(--config configs/finetune/qwen2-7b-lora.yaml --set model=qwen2-7b-shape --set tokenizer=tiny
+  --set data.train="$W/data/train.jsonl" --set data.eval=null --set train.max_steps="$SHIPPED_STEPS"
+  --set train.optim.warmup_steps=2 --set train.save.every_steps=0 --set train.log.every_steps=1)
+
 while read -r name n args; do
   [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && continue
   [ "$n" -gt "$GPUS" ] && { echo "=== $name: needs $n GPUs, $GPUS here"; continue; }
   [ $((CALL_S - SECONDS)) -lt "$RUN_MIN_S" ] && { echo "=== $name: not started, $((CALL_S - SECONDS)) s left"; continue; }
   read -r -a extra <<<"${args:-}"
-  if [ "$n" = 1 ]; then
+  if [[ $name == shipped-nproc-* ]]; then  # the shipped recipe as a user runs it: gpuval's own launcher
+    timed "$name" timeout 150 python3 -m gpuval finetune train "${SHIPPED[@]}" --set output="$W/$name" \
+      --nproc "$n" </dev/null
+    cp "$W/$name/train_summary.json" "$D/$name.json" 2>/dev/null
+  elif [[ $name == shipped-torchrun-* ]]; then  # and under torchrun
+    timed "$name" timeout 150 torchrun --standalone --nproc_per_node="$n" -m gpuval finetune train \
+      "${SHIPPED[@]}" --set output="$W/$name" </dev/null
+    cp "$W/$name/train_summary.json" "$D/$name.json" 2>/dev/null
+  elif [ "$n" = 1 ]; then
     timed "$name" env CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m gpuval bench train "${COMMON[@]}" \
       "${extra[@]}" --output "$D/$name.json" </dev/null  # stdin: the loop's list of runs
   else
@@ -102,19 +124,6 @@ while read -r name n args; do
   fi
 done < <(runs_for "$PHASE")
 
-if [ "$PHASE" = two ] && { [ -z "${RUNS:-}" ] || [[ " $RUNS " == *" shipped "* ]]; }; then
-  # The shipped recipe as a user runs it, on every local GPU: gpuval's own launcher, then torchrun.
-  python3 -m gpuval finetune synth --n 1500 --values train --output "$W/glaive.jsonl" >/dev/null
-  python3 -m gpuval finetune prepare --input "$W/glaive.jsonl" --output "$W/data" >/dev/null
-  SHIPPED=(--config configs/finetune/qwen2-7b-lora.yaml --set model=qwen2-7b-shape --set tokenizer=tiny
-    --set data.train="$W/data/train.jsonl" --set data.eval=null --set train.max_steps="$SHIPPED_STEPS"
-    --set train.optim.warmup_steps=2 --set train.save.every_steps=0 --set train.log.every_steps=1)
-  timed "shipped-nproc-$GPUS" timeout 150 python3 -m gpuval finetune train "${SHIPPED[@]}" \
-    --set output="$W/nproc" --nproc "$GPUS"
-  cp "$W/nproc/train_summary.json" "$D/shipped-nproc-$GPUS.json" 2>/dev/null
-  timed "shipped-torchrun-$GPUS" timeout 150 torchrun --standalone --nproc_per_node="$GPUS" -m gpuval \
-    finetune train "${SHIPPED[@]}" --set output="$W/torchrun"
-  cp "$W/torchrun/train_summary.json" "$D/shipped-torchrun-$GPUS.json" 2>/dev/null
-fi
-
 python3 tools/device/scaling_table.py "$D" | tee "$D/table.txt"
+# one archive: the device tool brings back eight files at most
+tar -czf "$OUT/$PHASE.tgz" -C "$OUT" "$PHASE" && find "$D" -type f ! -name table.txt -delete

@@ -71,6 +71,7 @@ def read_run(path: Path) -> dict[str, Any] | None:
             "min": min(rates),
             "max": max(rates),
             "mfu_pct": None,
+            "shipped": True,  # the shipped recipe: its own batch shape, so no ratio to bench train's one GPU
             "peak_memory_gib": data.get("peak_memory_gib"),
             "loss_first": data["steps"][0]["loss"],
             "loss_last": data["steps"][-1]["loss"],
@@ -89,7 +90,7 @@ def table(folder: Path) -> dict[str, Any]:
     ones = {r["precision"]: r for r in rows if "error" not in r and r["world"] == 1}
     for row in rows:
         one = ones.get(row.get("precision"))
-        if "error" in row or one is None or row["world"] == 1:
+        if "error" in row or one is None or row["world"] == 1 or row.get("shipped"):
             continue
         row["retention"] = row["tokens_per_s_per_gpu"] / one["tokens_per_s_per_gpu"]
         row["against"] = one["name"]
