@@ -139,24 +139,31 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+def run_worker(program: list[str], folder: Path, name: str, config: dict) -> tuple[list, dict]:
+    """One fine-tune through tests/dist/train_worker.py under `program` (python, or torchrun with its
+    arguments): its per-step losses and rank 0's summary."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    out = folder / f"{name}.json"
+    proc = subprocess.run(
+        [*program, str(WORKER), str(path), str(out)],
+        env=cli_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    return [s["loss"] for s in summary["steps"]], summary
+
+
 @pytest.mark.dist
 def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation(train_file, tmp_path):
     def run(program: list[str], accumulation: int, name: str, parallel: str = "ddp") -> tuple[list, dict]:
-        config = tmp_path / f"{name}.yaml"
         settings = {"max_steps": 4, "grad_accum_steps": accumulation, "micro_batch_size": 1}
-        data = config_dict(train_file, tmp_path / name, **settings, parallel=parallel)
-        config.write_text(yaml.safe_dump(data), encoding="utf-8")
-        out = tmp_path / f"{name}.json"
-        proc = subprocess.run(
-            [*program, str(WORKER), str(config), str(out)],
-            env=cli_env(OMP_NUM_THREADS="1"),
-            capture_output=True,
-            text=True,
-            timeout=180,
+        return run_worker(
+            program, tmp_path, name, config_dict(train_file, tmp_path / name, **settings, parallel=parallel)
         )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        summary = json.loads(out.read_text(encoding="utf-8"))
-        return [s["loss"] for s in summary["steps"]], summary
 
     torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
     single, single_summary = run([sys.executable], 4, "single")
@@ -536,20 +543,9 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
             settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
         data = config_dict(train_file, tmp_path / name, **settings, parallel=mode)
         data["model"] = str(untied_tiny)
-        config = tmp_path / f"{name}.yaml"
-        config.write_text(yaml.safe_dump(data), encoding="utf-8")
-        out = tmp_path / f"{name}.json"
-        proc = subprocess.run(
-            [*program, str(WORKER), str(config), str(out)],
-            env=cli_env(OMP_NUM_THREADS="1"),
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        summary = json.loads(out.read_text(encoding="utf-8"))
+        losses, summary = run_worker(program, tmp_path, name, data)
         assert summary["fused_loss"] and summary["split_products"], summary
-        return [s["loss"] for s in summary["steps"]], summary
+        return losses, summary
 
     single, _ = run([sys.executable], 4, "single", "ddp")
     sharded, summary = run([str(TORCHRUN), "--standalone", "--nproc_per_node=2"], 2, parallel, parallel)

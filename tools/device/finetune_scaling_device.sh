@@ -13,7 +13,8 @@
 #                                                              # the shipped recipe on every local GPU
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
-# Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson). Writes under $OUT:
+# Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
+# code in env.json (the device copy's git metadata can be stale). Writes under $OUT:
 # PHASE/<run>.json (gpuval.bench/v1 of bench train, or train_summary.json of the shipped recipe),
 # PHASE/log.txt, PHASE/env.json and PHASE/scaling.json (every run's tokens/s/GPU, its retention against the
 # one-GPU run of the same precision in this call, peak memory, what each part decided).
@@ -64,7 +65,7 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
 }
 
 python3 - "$D/env.json" <<'PY'
-import datetime, importlib.metadata as md, json, subprocess, sys, torch
+import datetime, importlib.metadata as md, json, os, subprocess, sys, torch
 def version(name):
     try:
         return md.version(name)
@@ -73,7 +74,7 @@ def version(name):
 json.dump({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
            "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None,
+           "commit": os.environ.get("GPUVAL_COMMIT") or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or None,
            **{name: version(name) for name in ("transformers", "peft", "liger-kernel", "deepspeed", "flash-attn-4")}},
           open(sys.argv[1], "w"), indent=2)
 print(open(sys.argv[1]).read())
