@@ -6,11 +6,10 @@ is 80 columns wide, as in most CI logs, so messages that wrap are caught.
 
 Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped one an error):
 
-    pytest -n 4              everything (the README's command, .ci/run)
-    pytest -n 4 -m "not slow"
-                             the inner loop, <= 90 s on 2 cores: every module's formulas, verdicts,
+    pytest                   everything (the README's command, .ci/run)
+    pytest -m "not slow"     the inner loop, <= 90 s on 2 cores: every module's formulas, verdicts,
                              parsing, configs and quick fuzzing, in-process or through quick CLI calls
-    pytest -n 4 -m "dist or torch_version"
+    pytest -m "dist or torch_version"
                              what can differ between torch releases: .ci/run's run on the lowest torch
 
 `slow` takes more than about a second (trains a model, runs `gpuval accept`, starts many processes);
@@ -18,8 +17,10 @@ Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped
 (test_slurm.py); `browser` opens headless Chromium (test_report.py). A `dist`, `slurm` or `browser` test
 is `slow` as well (pytest_collection_modifyitems below), so a test is marked with what it does, once.
 A whole module of one kind says so with `pytestmark = pytest.mark.dist`; a mixed module marks its tests.
-`serial` asserts a wall-clock bound that other tests' load could break; `torch_version` (given here, by
-module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release.
+`serial` asserts a wall-clock bound within about a second of what it times (calls per 20 ms window, a stop
+within 0.55 s), which other tests' load could break, so it runs with no other test beside it; bounds with
+seconds of slack over a deadline (test_lifecycle, test_soak) run beside others. `torch_version` (given
+here, by module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release.
 
 Parallel workers (pytest-xdist; pyproject's addopts say `-n 4 --dist loadgroup`, `-n 0` runs in this
 process): much of the suite waits on child processes (torchrun ranks, gpuval runs, Slurm jobs, Chromium),
@@ -34,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,7 +120,6 @@ TORCH_VERSION_MODULES = frozenset(
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out; a test of a
     TORCH_VERSION_MODULES module is torch_version. Under parallel workers: _share_out."""
@@ -127,17 +128,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if item.path.name in TORCH_VERSION_MODULES:
             item.add_marker(pytest.mark.torch_version)
-    if config.getoption("numprocesses", None):
-        _share_out(items)
+    if hasattr(config, "workerinput"):  # an xdist worker: each collects, and all order alike
+        _share_out(config, items)
 
 
 # --- parallel workers ------------------------------------------------------------------------------------
 # Under `-n N` each worker is a pytest process of its own, with its own module- and session-scoped
-# fixtures. So: tests that share a module-scoped fixture (an accept run, a 4-rank torchrun, a Slurm cluster)
-# go to one worker, which makes it once (xdist_group, --dist loadgroup); the Slurm tests share one local
-# cluster; a `serial` test runs alone (pytest_runtest_protocol); a run that tests of several modules read
-# is made once per test run, across workers (made_once); and every worker computes on one thread, since 4
-# workers share 2 cores.
+# fixtures. So: tests that share a module-scoped fixture (an accept run, a 4-rank torchrun) go to one
+# worker, which makes it once, and so do the Slurm tests, which share one local cluster (--dist loadgroup, by
+# _share_out's groups); a `serial` test runs alone (pytest_runtest_protocol); a run that tests of several
+# modules read is made once per test run, across workers (made_once); and every worker computes on one
+# thread, since 4 workers share 2 cores.
 
 # The longest tests (--durations on 2 cores, 20 s and more) start first, so no worker is left running one
 # alone at the end; only the order depends on this list.
@@ -152,21 +153,24 @@ LONGEST = (
 )
 
 
-def _share_out(items: list[pytest.Item]) -> None:
-    """Group and order the items for --dist loadgroup: the longest first, then the other slow ones, then
-    the rest, and the serial tests last, as one group: by then the other workers are finishing, so a
+def _run_files(testrunuid: str) -> Path:
+    """The stem of one parallel run's files in the temporary folder: its locks and its groups."""
+    return Path(tempfile.gettempdir()) / f"gpuval-tests-{testrunuid}"
+
+
+def _share_out(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the items for the scheduler below and order them: the longest first, then the other slow ones,
+    then the rest, and the serial tests last, as one group: by then the other workers are finishing, so a
     serial test waits for a quick test to end, not for a long one."""
+    groups = {}
     for item in items:
         names = item._fixtureinfo.name2fixturedefs  # the fixtures it uses, with their scopes
         if item.get_closest_marker("serial"):
-            group = "serial"
+            groups[item.nodeid] = "serial"
         elif item.get_closest_marker("slurm"):
-            group = "slurm"  # one local cluster (tests/test_slurm.py's fixture) for all of them
+            groups[item.nodeid] = "slurm"  # one local cluster (tests/test_slurm.py's fixture) for all
         elif any(defs[-1].scope in ("module", "class", "package") for defs in names.values()):
-            group = item.path.name  # its module's shared fixtures are made once, on one worker
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = item.path.name  # its module's shared fixtures are made once, on one worker
 
     def rank(item: pytest.Item) -> int:
         if item.get_closest_marker("serial"):
@@ -176,6 +180,30 @@ def _share_out(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("slow") else 2
 
     items.sort(key=rank)  # stable: the collection order within each rank
+    written = _run_files(config.workerinput["testrunuid"]).with_suffix(f".groups.{os.getpid()}")
+    written.write_text(json.dumps(groups), encoding="utf-8")  # every worker writes the same groups
+    written.replace(written.with_suffix(".json"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadgroup by the groups the workers wrote (_share_out): pytest-xdist's own loadgroup reads a
+    suffix it adds to each test's node id, which pytest 9.2's nodes no longer take, so it groups nothing."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = _run_files(config.option.testrunuid).with_suffix(".groups.json")
+
+    class ByGroup(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:  # called once every worker has collected
+            if self.groups is None:
+                self.groups = json.loads(groups_file.read_text(encoding="utf-8"))
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -183,6 +211,16 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["OMP_NUM_THREADS"] = "1"
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(1)
+    elif config.getoption("numprocesses", None) and not config.getoption("testrunuid", None):
+        config.option.testrunuid = uuid.uuid4().hex  # the workers' too: names the run's files
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("testrunuid", None):
+        for path in _run_files(config.option.testrunuid).parent.glob(
+            f"gpuval-tests-{config.option.testrunuid}.*"
+        ):
+            path.unlink(missing_ok=True)
 
 
 def _lock(path: Path, operation: int) -> int:
@@ -201,7 +239,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         yield
         return
     alone = item.get_closest_marker("serial") is not None
-    base = Path(tempfile.gettempdir()) / f"gpuval-tests-{item.config.workerinput['testrunuid']}"
+    base = _run_files(item.config.workerinput["testrunuid"])
     turnstile = _lock(base.with_suffix(".turnstile"), fcntl.LOCK_EX)
     cpu = _lock(base.with_suffix(".cpu"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     if not alone:

@@ -99,18 +99,32 @@ def test_alone():
 @pytest.mark.parametrize("n", range(6))
 def test_beside(n):
     _stay(f"beside{n}")
+
+
+@pytest.fixture(scope="module")
+def made_for_the_module():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_sharing(made_for_the_module, n):
+    Path(os.environ["GPUVAL_TEST_SPANS"], f"sharing{n}").write_text(json.dumps(made_for_the_module))
 """
 
 
 @pytest.mark.slow
-def test_under_workers_a_serial_test_runs_with_no_other_test_beside_it(pytester, monkeypatch, tmp_path):
+def test_under_workers_a_serial_test_runs_alone_and_a_modules_fixture_is_made_once(
+    pytester, monkeypatch, tmp_path
+):
     monkeypatch.setenv("GPUVAL_TEST_SPANS", str(tmp_path))
     pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_inner=SPANS)
     settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]
     result = pytester.runpytest_subprocess(*settings, "-p", "no:hypothesispytest", "-n", "3", "test_inner.py")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=11)
     spans = {path.name: json.loads(path.read_text()) for path in tmp_path.iterdir()}
+    # the tests of a module-scoped fixture run on one worker, so it is made once
+    assert len({spans.pop(f"sharing{n}") for n in range(4)}) == 1
     alone = spans.pop("alone")
     assert [name for name, (start, end) in spans.items() if start < alone[1] and end > alone[0]] == []
     # the other tests did run side by side, so the workers were there to run beside the serial one
