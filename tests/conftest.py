@@ -7,7 +7,7 @@ is 80 columns wide, as in most CI logs, so messages that wrap are caught.
 Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped one an error):
 
     pytest                   everything (the README's command, .ci/run)
-    pytest -m "not slow"     the inner loop, <= 90 s on 2 cores: every module's formulas, verdicts,
+    pytest -m "not slow"     the inner loop, ~1.5 min on 2 cores: every module's formulas, verdicts,
                              parsing, configs and quick fuzzing, in-process or through quick CLI calls
     pytest -m "dist or torch_version"
                              what can differ between torch releases: .ci/run's run on the lowest torch
