@@ -6,23 +6,37 @@ is 80 columns wide, as in most CI logs, so messages that wrap are caught.
 
 Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped one an error):
 
-    pytest                   everything (the README's command, .ci/run); 8 to 12 minutes on 2 cores
-    pytest -m "not slow"     the inner loop, <= 2 minutes on 2 cores: every module's formulas, verdicts,
+    pytest                   everything (the README's command, .ci/run)
+    pytest -m "not slow"     the inner loop, ~1.5 min on 2 cores: every module's formulas, verdicts,
                              parsing, configs and quick fuzzing, in-process or through quick CLI calls
+    pytest -m "dist or torch_version"
+                             what can differ between torch releases: .ci/run's run on the lowest torch
 
 `slow` takes more than about a second (trains a model, runs `gpuval accept`, starts many processes);
 `dist` starts torchrun or several cooperating processes; `slurm` runs the real local Slurm
 (test_slurm.py); `browser` opens headless Chromium (test_report.py). A `dist`, `slurm` or `browser` test
 is `slow` as well (pytest_collection_modifyitems below), so a test is marked with what it does, once.
 A whole module of one kind says so with `pytestmark = pytest.mark.dist`; a mixed module marks its tests.
+`serial` asserts a wall-clock bound within about a second of what it times (calls per 20 ms window, a stop
+within 0.55 s), which other tests' load could break, so it runs with no other test beside it; bounds with
+seconds of slack over a deadline (test_lifecycle, test_soak) run beside others. `torch_version` (given
+here, by module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release.
+
+Parallel workers (pytest-xdist; pyproject's addopts say `-n 4 --dist loadgroup`, `-n 0` runs in this
+process): much of the suite waits on child processes (torchrun ranks, gpuval runs, Slurm jobs, Chromium),
+so 4 workers share 2 cores well. "Parallel workers" below says what keeps that safe.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -83,11 +97,187 @@ def run_dist_worker(worker: str, *args: str, nproc: int, cwd: Path) -> subproces
 ALSO_SLOW = ("dist", "slurm", "browser")  # markers that imply `slow`
 
 
+# Modules whose code behaves differently from one torch release to the next (docs/torch-versions.md): the
+# launcher and runtime (LaunchConfig's fields), collective deadlines (_set_pg_timeout), the fine-tune
+# trainer, its parallel modes and kernels (varlen attention, compiled dropout, FP8 _scaled_mm), and the
+# benchmarks' timing and collectives. .ci/run runs them, with every dist test, on the lowest torch too.
+TORCH_VERSION_MODULES = frozenset(
+    {
+        "test_runtime.py",
+        "test_lifecycle.py",
+        "test_crash.py",
+        "test_deadline.py",
+        "test_finetune_train.py",
+        "test_finetune_kernels.py",
+        "test_finetune_fp8.py",
+        "test_finetune_fused_mlp.py",
+        "test_finetune_packed_dropout.py",
+        "test_collectives.py",
+        "test_bench_train.py",
+        "test_timing.py",
+        "test_versions.py",
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out."""
+    """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out; a test of a
+    TORCH_VERSION_MODULES module is torch_version. Under parallel workers: _share_out."""
     for item in items:
         if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in ALSO_SLOW):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in TORCH_VERSION_MODULES:
+            item.add_marker(pytest.mark.torch_version)
+    if hasattr(config, "workerinput"):  # an xdist worker: each collects, and all order alike
+        _share_out(config, items)
+
+
+# --- parallel workers ------------------------------------------------------------------------------------
+# Under `-n N` each worker is a pytest process of its own, with its own module- and session-scoped
+# fixtures. So: tests that share a module-scoped fixture (an accept run, a 4-rank torchrun) go to one
+# worker, which makes it once, and so do the Slurm tests, which share one local cluster (--dist loadgroup, by
+# _share_out's groups); a `serial` test runs alone (pytest_runtest_protocol); a run that tests of several
+# modules read is made once per test run, across workers (made_once); and every worker computes on one
+# thread, since 4 workers share 2 cores.
+
+# The longest tests (--durations on 2 cores, 20 s and more) start first, so no worker is left running one
+# alone at the end; only the order depends on this list.
+LONGEST = (
+    "test_finetune_learning.py::",
+    "test_finetune_train.py::test_resume_from_a_checkpoint_matches_the_uninterrupted_run",
+    "test_finetune_train.py::test_ddp_and_fsdp_on_two_ranks",
+    "test_lifecycle.py::",
+    "test_slurm.py::",
+    "test_soak.py::test_a_slowdown_in_iteration_2",
+    "test_finetune_packed_dropout.py::test_the_compiled_dropout",
+)
+
+
+def _run_files(testrunuid: str) -> Path:
+    """The stem of one parallel run's files in the temporary folder: its locks and its groups."""
+    return Path(tempfile.gettempdir()) / f"gpuval-tests-{testrunuid}"
+
+
+def _share_out(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the items for the scheduler below and order them: the longest first, then the other slow ones,
+    then the rest, and the serial tests last, as one group: by then the other workers are finishing, so a
+    serial test waits for a quick test to end, not for a long one."""
+    groups = {}
+    for item in items:
+        names = item._fixtureinfo.name2fixturedefs  # the fixtures it uses, with their scopes
+        if item.get_closest_marker("serial"):
+            groups[item.nodeid] = "serial"
+        elif item.get_closest_marker("slurm"):
+            groups[item.nodeid] = "slurm"  # one local cluster (tests/test_slurm.py's fixture) for all
+        elif any(defs[-1].scope in ("module", "class", "package") for defs in names.values()):
+            groups[item.nodeid] = item.path.name  # its module's shared fixtures are made once, on one worker
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("serial"):
+            return 3
+        if any(part in item.nodeid for part in LONGEST):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: the collection order within each rank
+    written = _run_files(config.workerinput["testrunuid"]).with_suffix(f".groups.{os.getpid()}")
+    written.write_text(json.dumps(groups), encoding="utf-8")  # every worker writes the same groups
+    written.replace(written.with_suffix(".json"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """--dist loadgroup by the groups the workers wrote (_share_out): pytest-xdist's own loadgroup reads a
+    suffix it adds to each test's node id, which pytest 9.2's nodes no longer take, so it groups nothing."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups_file = _run_files(config.option.testrunuid).with_suffix(".groups.json")
+
+    class ByGroup(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:  # called once every worker has collected
+            if self.groups is None:
+                self.groups = json.loads(groups_file.read_text(encoding="utf-8"))
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):  # an xdist worker: its children inherit one thread too
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+    elif config.getoption("numprocesses", None) and not config.getoption("testrunuid", None):
+        config.option.testrunuid = uuid.uuid4().hex  # the workers' too: names the run's files
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and config.getoption("testrunuid", None):
+        for path in _run_files(config.option.testrunuid).parent.glob(
+            f"gpuval-tests-{config.option.testrunuid}.*"
+        ):
+            path.unlink(missing_ok=True)
+
+
+def _lock(path: Path, operation: int) -> int:
+    """An open descriptor of PATH holding flock OPERATION; closing it releases the lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, operation)
+    return fd
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Where workers run, each test's setup, call and teardown hold the run's CPU lock: shared, or alone for
+    a `serial` test, so no other test runs beside it. A test takes the turnstile before the CPU lock, and a
+    serial one keeps it while it waits, so new tests cannot keep it waiting."""
+    if not hasattr(item.config, "workerinput"):
+        yield
+        return
+    alone = item.get_closest_marker("serial") is not None
+    base = _run_files(item.config.workerinput["testrunuid"])
+    turnstile = _lock(base.with_suffix(".turnstile"), fcntl.LOCK_EX)
+    cpu = _lock(base.with_suffix(".cpu"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    if not alone:
+        os.close(turnstile)
+    try:
+        yield
+    finally:
+        os.close(cpu)
+        if alone:
+            os.close(turnstile)
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> dict:
+    """make(FOLDER) -> a JSON-able dict, run once per test run: the first worker to get here makes it in a
+    folder beside every worker's own temporary folder, under a lock; the others wait and read its dict."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder, done = root / name, root / f"{name}.json"
+    lock = _lock(root / f"{name}.lock", fcntl.LOCK_EX)
+    try:
+        if not done.exists():
+            folder.mkdir()
+            done.write_text(json.dumps(make(folder)), encoding="utf-8")
+    finally:
+        os.close(lock)
+    return json.loads(done.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(autouse=True)
+def _launcher_variables_restored() -> Iterator[None]:
+    """After each test, os.environ's launcher variables are what they were before it. A rank run in this
+    process sets some (finetune/parallel.py sets RANK, LOCAL_RANK and WORLD_SIZE for DeepSpeed), and under
+    parallel workers any test may come next: TRL's SFTConfig, seeing LOCAL_RANK, starts a process group."""
+    before = {key: value for key, value in os.environ.items() if is_launcher_variable(key)}
+    yield
+    for key in [key for key in os.environ if is_launcher_variable(key) and key not in before]:
+        del os.environ[key]
+    os.environ.update(before)
 
 
 @pytest.fixture
@@ -180,3 +370,19 @@ def cpu_rowwise_scaled_mm() -> bool:
 
 
 NEEDS_CPU_ROWWISE_FP8 = "this torch's CPU _scaled_mm takes per-tensor scales only (row-wise from torch 2.12)"
+
+
+@pytest.fixture(scope="session")
+def cpu_accept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """(proc, OUT) of `gpuval accept --quick --output OUT` on this machine (the cpu profile, two gloo ranks),
+    which test_accept, test_metrics and test_report read: made once per test run (made_once). Every worker
+    reads the same folder: copy a file before changing it or writing beside it."""
+
+    def make(folder: Path) -> dict:
+        out = folder / "out"
+        proc = run_cli(["accept", "--quick", "--output", str(out)], folder, timeout=240)
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "out": str(out)}
+
+    run = made_once(tmp_path_factory, "cpu-accept", make)
+    proc = subprocess.CompletedProcess(["gpuval", "accept"], run["returncode"], run["stdout"], run["stderr"])
+    return proc, Path(run["out"])

@@ -60,12 +60,9 @@ def test_shipped_schema_matches_the_model():
 # --- PASS: two ranks through torchrun's agent -----------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_ranks(gpuval, tmp_path_factory):
-    work = tmp_path_factory.mktemp("accept-2-ranks")
-    out = work / "out"
-    proc = gpuval(["accept", "--quick", "--output", str(out)], work, timeout=240)
-    return proc, out
+@pytest.fixture
+def two_ranks(cpu_accept_run):
+    return cpu_accept_run  # (proc, out): tests/conftest.py's one accept run, which other modules read too
 
 
 @pytest.mark.dist

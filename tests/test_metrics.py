@@ -46,10 +46,9 @@ def _recorded_measurements() -> list[Measurement]:
     return found
 
 
-@pytest.fixture(scope="module")
-def cpu_accept(tmp_path_factory, gpuval) -> Result:
-    out = tmp_path_factory.mktemp("accept")
-    proc = gpuval(["accept", "--quick", "--output", str(out)], out, timeout=240)
+@pytest.fixture
+def cpu_accept(cpu_accept_run) -> Result:
+    proc, out = cpu_accept_run  # tests/conftest.py's one accept run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return load_result(out / "result.json")
 

@@ -7,6 +7,7 @@ Each case runs pytest in-process (pytester) on a small test file, under this rep
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ def test_browser():
 def _pytest(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
     pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_inner=source)
-    settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]
+    # -n 0: the inner run stays in this process (pyproject's addopts ask for parallel workers)
+    settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider", "-n", "0"]
     # hypothesis' plugin would import hypothesis afresh in every inner run (pytester restores sys.modules)
     return pytester.runpytest_inprocess(*settings, "-p", "no:hypothesispytest", *args, "test_inner.py")
 
@@ -73,3 +75,58 @@ def test_a_module_level_mark_reaches_every_test(pytester):
         "import pytest\npytestmark = pytest.mark.dist\ndef test_a():\n    pass\ndef test_b():\n    pass\n"
     )
     _pytest(pytester, source, "-m", "not slow").assert_outcomes(deselected=2)
+
+
+SPANS = """
+import json, os, time
+import json
+from pathlib import Path
+
+import pytest
+
+
+def _stay(name):
+    began = time.time()
+    time.sleep(0.4)
+    Path(os.environ["GPUVAL_TEST_SPANS"], name).write_text(json.dumps([began, time.time()]))
+
+
+@pytest.mark.serial
+def test_alone():
+    _stay("alone")
+
+
+@pytest.mark.parametrize("n", range(6))
+def test_beside(n):
+    _stay(f"beside{n}")
+
+
+@pytest.fixture(scope="module")
+def made_for_the_module():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_sharing(made_for_the_module, n):
+    Path(os.environ["GPUVAL_TEST_SPANS"], f"sharing{n}").write_text(json.dumps(made_for_the_module))
+"""
+
+
+@pytest.mark.slow
+def test_under_workers_a_serial_test_runs_alone_and_a_modules_fixture_is_made_once(
+    pytester, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("GPUVAL_TEST_SPANS", str(tmp_path))
+    pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_inner=SPANS)
+    settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]
+    result = pytester.runpytest_subprocess(*settings, "-p", "no:hypothesispytest", "-n", "3", "test_inner.py")
+    result.assert_outcomes(passed=11)
+    spans = {path.name: json.loads(path.read_text()) for path in tmp_path.iterdir()}
+    # the tests of a module-scoped fixture run on one worker, so it is made once
+    assert len({spans.pop(f"sharing{n}") for n in range(4)}) == 1
+    alone = spans.pop("alone")
+    assert [name for name, (start, end) in spans.items() if start < alone[1] and end > alone[0]] == []
+    # the other tests did run side by side, so the workers were there to run beside the serial one
+    ordered = sorted(spans.values())
+    assert any(later[0] < earlier[1] for earlier, later in zip(ordered, ordered[1:], strict=False))

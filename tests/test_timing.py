@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import time
 
+import pytest
 import torch
 
 from gpuval.timing import TimedOptions, calls_per_window, measure, measure_with
 
 CPU = torch.device("cpu")
+pytestmark = pytest.mark.serial  # calls per wall-clock window: no other test may share the CPU
 
 
 def _busy(seconds: float) -> None:

@@ -33,7 +33,7 @@ def test_the_readme_states_the_range_ci_enforces() -> None:
         assert version in line
 
 
-def test_ci_runs_the_suite_on_one_end_and_the_multi_rank_tests_on_the_lowest() -> None:
+def test_ci_runs_the_suite_on_one_end_and_what_can_differ_between_releases_on_the_lowest() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text(encoding="utf-8")
     (pinned,) = re.findall(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.M)
@@ -41,10 +41,28 @@ def test_ci_runs_the_suite_on_one_end_and_the_multi_rank_tests_on_the_lowest() -
     assert "pip install -q torch==2.13.0" in ci and "2.13.0" in TORCH_CI
     assert "sed -n 's/^ARG TORCH_VERSION=//p' deploy/docker/Dockerfile" in ci
     assert '.venv-lowest/bin/python -m pip install -q "torch==${lowest}"' in ci
-    assert '.venv-lowest/bin/python -m pytest -m "dist or not slow"' in ci
+    assert '.venv-lowest/bin/python -m pytest -m "dist or torch_version"' in ci
     assert re.search(r"^\.venv/bin/python -m pytest$", ci, re.M)
     for version in TORCH_CI:
         assert TORCH_LOWEST <= parse(version) < TORCH_BELOW
+
+
+def test_the_readme_runs_the_tests_as_ci_does_and_the_torch_version_modules_exist() -> None:
+    """Every pytest command .ci/run runs is one the README gives (less -p no:cacheprovider, which keeps CI's
+    second run from writing the first one's cache), and each module the lowest torch runs by name is there:
+    a renamed one would silently leave that torch."""
+    from conftest import TORCH_VERSION_MODULES
+
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    ran = [
+        line.replace(" -p no:cacheprovider", "")
+        for line in ci.splitlines()
+        if re.match(r"\.venv(-lowest)?/bin/python -m pytest\b", line)
+    ]
+    block = (REPO / "README.md").read_text(encoding="utf-8").split("```bash\n", 1)[1].split("```", 1)[0]
+    given = [line.split("#")[0].strip() for line in block.splitlines() if " -m pytest" in line]
+    assert len(ran) == 2 and set(ran) <= set(given), (ran, given)
+    assert sorted(name for name in TORCH_VERSION_MODULES if not (REPO / "tests" / name).is_file()) == []
 
 
 def test_the_readme_setup_makes_the_venv_then_puts_ci_s_torch_in_it_as_the_cpu_build() -> None:

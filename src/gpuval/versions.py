@@ -3,13 +3,13 @@ versions" line and CI's runs are checked against these (tests/test_versions.py).
 
 The floor is the device image's torch (2.11): every API gpuval uses that arrived later is used only
 where this torch has it (launch._launch_options, finetune's kernels), and CI runs the multi-rank tests
-and the fast tier under 2.11 as well as the full suite under 2.13. docs/torch-versions.md lists which
-APIs begin where.
+and the tests of release-dependent code under 2.11 as well as the full suite under 2.13.
+docs/torch-versions.md lists which APIs begin where.
 """
 
 from __future__ import annotations
 
-TORCH_LOWEST = (2, 11)  # tested in CI (.ci/run: the multi-rank tests and the fast tier)
+TORCH_LOWEST = (2, 11)  # tested in CI (.ci/run: the multi-rank and torch_version tests)
 TORCH_BELOW = (2, 15)  # the first release not yet tested
 TORCH_CI = ("2.11.0", "2.13.0")  # what .ci/run installs: the lowest and the main suite's
 
