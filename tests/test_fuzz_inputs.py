@@ -631,12 +631,21 @@ def test_child_process_refusals(tmp_path):
 
 
 def test_child_process_markup_in_a_node_name(tmp_path):
+    # Markup a node name may hold (no blank, ':', '/' or '+'): the run gives its verdict and shows it as text.
     out = tmp_path / "out"
     code, stdout, stderr = _child(["health", "--profile", "cpu", "--output", str(out)], tmp_path,
-                                  GPUVAL_NODE_NAME="[/]")  # fmt: skip
+                                  GPUVAL_NODE_NAME="[bold]x[red]")  # fmt: skip
     assert "Traceback" not in stdout + stderr and "MarkupError" not in stderr, stderr
     assert code in (0, 1), stderr  # its verdict, not a crash
-    assert "[/]" in stdout
+    assert "[bold]x[red]" in stdout
+    # A closing tag holds '/', which no node name can (it would split the scope gpu:NODE/INDEX apart):
+    # refused at the gate in one line naming the variable, before anything is written.
+    refused = tmp_path / "out2"
+    code, stdout, stderr = _child(["health", "--profile", "cpu", "--output", str(refused)], tmp_path,
+                                  GPUVAL_NODE_NAME="[/]")  # fmt: skip
+    assert "Traceback" not in stdout + stderr and "MarkupError" not in stderr, stderr
+    assert code == 2 and "GPUVAL_NODE_NAME '[/]': a node name holds no blank" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not refused.exists()
 
 
 def test_case_count():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from gpuval.errors import RunError
+from gpuval.errors import RunError, UsageError
 from gpuval.scope import Scope
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -244,8 +244,20 @@ def _layout(
 
 
 def node_name(environ: dict[str, str] | None = None) -> str:
+    """This node's name: GPUVAL_NODE_NAME, else Slurm's SLURMD_NODENAME, else the host name. One that could
+    not name a node in a scope (a '/' in GPUVAL_NODE_NAME) is a one-line UsageError naming its source."""
+    from gpuval.scope import node_name_problem
+
     env = os.environ if environ is None else environ
-    return env.get("GPUVAL_NODE_NAME") or env.get("SLURMD_NODENAME") or socket.gethostname()
+    for source in ("GPUVAL_NODE_NAME", "SLURMD_NODENAME"):
+        if env.get(source):
+            name = env[source]
+            break
+    else:
+        source, name = "the host name", socket.gethostname()
+    if problem := node_name_problem(name):
+        raise UsageError(f"{source} {name!r}: {problem}; set GPUVAL_NODE_NAME to the node's host name")
+    return name
 
 
 def gpu_index(local_rank: int, visible: int) -> int:

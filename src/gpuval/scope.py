@@ -41,6 +41,14 @@ class ScopeError(UsageError):
     """A scope text of none of the known shapes."""
 
 
+def node_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a node in a scope (None: it can): the input gate for node names that come
+    from outside (GPUVAL_NODE_NAME, SLURMD_NODENAME, the host name)."""
+    if not re.fullmatch(_NAME, name):
+        return "a node name holds no blank, ':', '/' or '+' (it is written into every result's scopes)"
+    return None
+
+
 @dataclass(frozen=True)
 class Scope:
     """One scope. `node` is the node it lies on (a pair's first node); `index` a GPU's index or a CPU

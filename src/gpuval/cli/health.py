@@ -45,11 +45,11 @@ def health(
     names = [gpu.name for gpu in nvml.gpus if available(gpu.name)]
     loaded = load_profile(profile or pick_profile(names, [gpu.pci_id for gpu in nvidia_gpus()]), set_)
     families(loaded)  # an unknown name in health.skip is bad input: say so before any work
+    node = node_name()  # a name no scope can hold is bad input: said before any folder is made
     if output is None:
         output = Path("gpuval-results") / f"health-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
     if is_first_rank():
         ensure_writable_dir(output)
-    node = node_name()
     history = history_path_from(None)  # read only: accept's last passing run there bounds the XID window
 
     def report(result) -> int:
