@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -244,12 +245,47 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     cpu = _lock(base.with_suffix(".cpu"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     if not alone:
         os.close(turnstile)
+    else:  # no other test runs now; what they started (children, daemons) may still be ending
+        _wait_for_quiet_cpu()
     try:
         yield
     finally:
         os.close(cpu)
         if alone:
             os.close(turnstile)
+
+
+QUIET_BUSY = 0.25  # share of all cores busy that still counts as a quiet machine for a serial test
+QUIET_WAIT_S = 30.0  # at most this long; a machine never quiet runs the test anyway (and it may fail)
+
+
+def _cpu_busy(interval_s: float = 0.2) -> float | None:
+    """The share of all cores busy over `interval_s`, from /proc/stat (None where there is none)."""
+
+    def sample() -> tuple[int, int] | None:
+        try:
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    first = sample()
+    time.sleep(interval_s)
+    second = sample()
+    if first is None or second is None or second[0] == first[0]:
+        return None
+    return 1.0 - (second[1] - first[1]) / (second[0] - first[0])
+
+
+def _wait_for_quiet_cpu() -> None:
+    """Before a `serial` test: wait (up to QUIET_WAIT_S) until the machine's cores are mostly idle, so the
+    wall-clock bound it asserts measures its own work, not the tail of a test that just ended."""
+    deadline = time.monotonic() + QUIET_WAIT_S
+    while time.monotonic() < deadline:
+        busy = _cpu_busy()
+        if busy is None or busy <= QUIET_BUSY:
+            return
 
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], dict]) -> dict:
