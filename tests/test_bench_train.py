@@ -145,3 +145,15 @@ def test_bench_train_on_cpu_trains_and_reports(tmp_path, gpuval):
     # summary_to: train()'s summary, every step's loss (the untimed step too), as benchmarks compare them
     losses = [step["loss"] for step in json.loads(copied.read_text(encoding="utf-8"))["steps"]]
     assert len(losses) == 1 + 3 and losses[0] == m["metrics"]["loss_first"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("compile", "step.compile"), ("lora_dropout", "lora.dropout"), ("warmup_steps", "untimed_steps"),
+     ("fp8_exclude", "step.fp8.exclude"), ("fuse_gate_up", "experimental.fuse_gate_up")],
+)  # fmt: skip
+def test_an_option_that_moved_into_a_section_is_named_where_it_went(old, new):
+    from gpuval.bench.run import bench_options
+
+    with pytest.raises(UsageError, match=rf"^bench train: unknown key '{old}' \({old} moved to {new}\)$"):
+        bench_options("train", {old: "1"}, quick=True, on_gpu=False)

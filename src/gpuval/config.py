@@ -312,9 +312,9 @@ def _describe(error: ValidationError, source: str, model: type[BaseModel]) -> st
         known = sorted(section.model_fields) if section is not None else []
         moved = getattr(section, "moved_keys", {}).get(key)  # a key a section took over
         close = difflib.get_close_matches(key, known, n=1)
-        where = ".".join(str(part) for part in first["loc"][:-1])
+        where = "".join(f"{part}." for part in first["loc"][:-1])  # the section's path, with its dot
         hint = (
-            f" ({where}.{key} moved to {where}.{moved})"
+            f" ({where}{key} moved to {where}{moved})"
             if moved
             else f" (did you mean '{close[0]}'?)"
             if close

@@ -36,7 +36,7 @@ import shutil
 import statistics
 import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -52,6 +52,15 @@ RECORD_SEED = 5  # synthetic data: the same records on every rank and in every r
 
 class TrainBenchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Options that moved into the embedded sections (issue 35): an unknown-key error names the new place.
+    moved_keys: ClassVar[dict[str, str]] = {
+        **{key: f"step.{key}" for key in StepSettings.model_fields if key != "fp8"},
+        **{f"lora_{key}": f"lora.{key}" for key in LoraSettings.model_fields},
+        "target_modules": "lora.target_modules",
+        **{f"fp8_{key}": f"step.fp8.{key}" for key in ("fast_accum", "input_grad", "exclude")},
+        "warmup_steps": "untimed_steps",
+        "fuse_gate_up": "experimental.fuse_gate_up",
+    }
 
     model: str = Field(description="model folder, hub name, or shape ('qwen2-7b-shape': random weights)")
     tokenizer: str | None = Field("tiny", description="tokenizer (a shape has none; tiny ids fit any vocab)")
