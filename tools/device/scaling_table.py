@@ -18,21 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuval.finetune.trainer import step_summary_keys
+
 TARGETS = {"ddp": 0.95, "fsdp": 0.90, "deepspeed": 0.80}  # issue 35, at 4 GPUs
 SHIPPED_SKIP = 2  # first steps of a fine-tune left out: compilation and the allocator's warm-up
-PART_KEYS = (
-    "attention",
-    "row_kernel",
-    "varlen_kernel",
-    "kernels",
-    "fused_loss",
-    "compile",
-    "precision",
-    "fused_qkv",
-    "split_products",
-    "last_mlp_rows",
-    "dropout_kernel",
-)
+PART_KEYS = step_summary_keys()  # what the parts ran, as the trainer declares it
 
 
 def read_run(path: Path) -> dict[str, Any] | None:
