@@ -539,12 +539,17 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
 
     def run(program: list[str], accumulation: int, name: str, mode: str) -> tuple[list, dict]:
         settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
+        if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
+            # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
+            settings["sharding"] = {"fsdp_reshard_after_forward": False}
         if mode == "deepspeed":
             settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
         data = config_dict(train_file, tmp_path / name, **settings, parallel=mode)
         data["model"] = str(untied_tiny)
         losses, summary = run_worker(program, tmp_path, name, data)
         assert summary["fused_loss"] and summary["split_products"], summary
+        if mode == "fsdp":
+            assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
         return losses, summary
 
     single, _ = run([sys.executable], 4, "single", "ddp")

@@ -11,6 +11,8 @@
 #                                                              # deepspeed, the ZeRO-3 experiments, fp8 ddp
 #   PHASE=two  bash tools/device/finetune_scaling_device.sh    # 1 GPU, then 2 GPUs: ddp, fsdp, deepspeed;
 #                                                              # the shipped recipe on every local GPU
+#   PHASE=sharding bash tools/device/finetune_scaling_device.sh  # train.sharding's FSDP2 choices, ZeRO-3
+#                                                              # prefetching a whole layer
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -50,6 +52,16 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-optimized-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=configs/finetune/deepspeed/zero3-optimized.json"
       echo "deepspeed-compiled-$GPUS $GPUS ${ZERO3[*]} --set step.compile=true"
       echo "fsdp-whole-products-$GPUS $GPUS --set parallel=fsdp --set step.split_products=false"
+      ;;
+    sharding)  # train.sharding (finetune/sharding.py): FSDP2 keeping gathered weights (auto) against
+      # resharding; ZeRO-3 with a prefetch bucket that holds a whole decoder layer (233 M parameters)
+      echo "1gpu 1"
+      echo "fsdp-$GPUS $GPUS --set parallel=fsdp"
+      echo "fsdp-reshard-$GPUS $GPUS --set parallel=fsdp --set sharding.fsdp_reshard_after_forward=true"
+      echo "ddp-$GPUS $GPUS --set parallel=ddp"
+      echo "deepspeed-prefetch-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch.json"
+      echo "fsdp-2 2 --set parallel=fsdp"
+      echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
       ;;
     two)
       echo "1gpu 1"
@@ -93,6 +105,14 @@ timed() {  # NAME COMMAND...: run it, say its exit code and wall seconds
   rc=$?
   echo "=== $name exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
 }
+
+# ZeRO-3 with prefetching of a whole decoder layer ahead (the sharding phase)
+python3 - "$W/zero3-prefetch.json" <<'PY'
+import json, sys
+config = json.load(open("configs/finetune/deepspeed/zero3.json"))
+config["zero_optimization"].update(stage3_prefetch_bucket_size=500_000_000, stage3_max_live_parameters=3_000_000_000)
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
 
 if [ "$PHASE" = two ]; then  # the shipped recipe's data (synthetic Glaive records, prepared)
   python3 -m gpuval finetune synth --n 1500 --values train --output "$W/glaive.jsonl" >/dev/null

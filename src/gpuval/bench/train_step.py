@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuval.bench.registry import Benchmark, Context, register
 from gpuval.deadline import FIRST_STEP_S
 from gpuval.errors import RunError
-from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
+from gpuval.finetune.config import ExperimentalSettings, LoraSettings, ShardingSettings, StepSettings
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 
@@ -91,6 +91,7 @@ class TrainBenchOptions(BaseModel):
     step: StepSettings = Field(
         default_factory=lambda: StepSettings(activation_checkpointing=False, compile=False)
     )
+    sharding: ShardingSettings = ShardingSettings()
     experimental: ExperimentalSettings = ExperimentalSettings()
 
 
@@ -204,6 +205,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                         "profile_steps": 2 if options.profile_dir else 0,
                     },
                     "step": options.step.model_dump(),
+                    "sharding": options.sharding.model_dump(),
                     "experimental": options.experimental.model_dump(),
                 },
                 "output": str(Path(folder) / "run"),

@@ -230,6 +230,20 @@ class ExperimentalSettings(_Strict):
     )
 
 
+class ShardingSettings(_Strict):
+    """How fsdp moves the sharded weights (finetune/sharding.py); `auto` resolves per model and GPU, and the
+    run's start-up line says what it chose and why."""
+
+    fsdp_reshard_after_forward: bool | Literal["auto"] = Field(
+        "auto",
+        description="FSDP2: free each decoder layer's gathered weights after its forward and gather them "
+        "again for its backward (true; every layer but the last, whose backward follows at once, as "
+        "torchtitan does) or keep them until its backward (false: one all-gather per micro-batch instead "
+        "of two, the unsharded weights held meanwhile). auto: false on a GPU when the whole model's "
+        "weights take at most a quarter of its memory, else true",
+    )
+
+
 class TrainSettings(_Strict):
     # Keys that moved into a section (issue 35): an unknown-key error names the new place.
     moved_keys: ClassVar[dict[str, str]] = {
@@ -252,6 +266,7 @@ class TrainSettings(_Strict):
         "ddp", description="ddp (replicated base), fsdp (FSDP2 fully_shard) or deepspeed (ZeRO, see below)"
     )
     deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
+    sharding: ShardingSettings = ShardingSettings()
     optim: OptimSettings = OptimSettings()
     save: SaveSettings = SaveSettings()
     log: LogSettings = LogSettings()

@@ -29,6 +29,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
+from gpuval.finetune.sharding import fsdp_note, fsdp_reshard
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -56,6 +57,7 @@ class Parallel:
         self.module: torch.nn.Module = peft_model
         self.runtime = runtime
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
+        self.note = ""  # the start-up line's words on how this mode moves weights (sharding.py)
         self.wrap(cfg, dtype)
         self.optimizer, self.scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
 
@@ -173,8 +175,13 @@ class Fsdp(Parallel):
             if runtime.on_gpu and dtype == torch.bfloat16
             else MixedPrecisionPolicy()
         )
-        for layer in decoder_layers(self.peft_model):
-            fully_shard(layer, mesh=mesh, mp_policy=policy)
+        reshard, why = fsdp_reshard(cfg.train.sharding.fsdp_reshard_after_forward, self.peft_model, runtime)
+        self.note = fsdp_note(reshard, why)
+        layers = decoder_layers(self.peft_model)
+        for index, layer in enumerate(layers):
+            # the last layer's backward follows its forward at once: never resharded in between
+            last = index == len(layers) - 1
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard and not last)
         fully_shard(self.peft_model, mesh=mesh, mp_policy=policy)
         self.module = self.peft_model
         # Sharding replaced the parameters with DTensors: collect them again for the optimizer.
@@ -196,6 +203,7 @@ class DeepSpeed(Parallel):
             ) from None
         self.peft_model = peft_model
         self.runtime = runtime
+        self.note = ""
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)

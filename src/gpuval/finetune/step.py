@@ -30,6 +30,7 @@ from gpuval.finetune.model import apply_lora, load_model, ties_output_head, toke
 from gpuval.finetune.packed_dropout import PackedDropoutPart
 from gpuval.finetune.parallel import decoder_layers, make_parallel
 from gpuval.finetune.parts import Decision, Part, StepContext
+from gpuval.finetune.sharding import fsdp_reshard
 from gpuval.finetune.split_products import SplitProductsPart
 from gpuval.runtime import Runtime
 
@@ -202,6 +203,10 @@ def _checkpointing(
     if t.step.activation_checkpointing != "auto" or not runtime.on_gpu:
         return choose_checkpointing(t.step.activation_checkpointing, None, None)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    sharded = t.parallel == "deepspeed" or (
+        # FSDP2 layers that keep their gathered weights until the backward hold all of them at the turn
+        t.parallel == "fsdp" and fsdp_reshard(t.sharding.fsdp_reshard_after_forward, model, runtime)[0]
+    )
     estimate = estimate_step_memory(
         model.config,
         base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
@@ -209,7 +214,7 @@ def _checkpointing(
         tokens_per_micro_batch=t.micro_batch_size * cfg.data.max_seq_len,
         dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
         fused_loss=fused,
-        weight_shards=runtime.world_size if t.parallel in ("fsdp", "deepspeed") else 1,
+        weight_shards=runtime.world_size if sharded else 1,
     )
     return choose_checkpointing(
         "auto", estimate, torch.cuda.get_device_properties(runtime.device).total_memory

@@ -63,7 +63,8 @@ TENSORBOARD = "tensorboard"
 PROFILE = "profile"  # train.log.profile_steps: trace.json and operators.txt
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
-STEP_KEYS = ("activation_checkpointing", "compile")  # how the step ran besides its parts' reports
+# how the step ran besides its parts' reports ("sharding": how fsdp or ZeRO-3 gathered weights, else None)
+STEP_KEYS = ("activation_checkpointing", "compile", "sharding")
 # The summary's keys besides what the step's parts report (summary_keys()).
 BASE_SUMMARY_KEYS = (
     "schema",
@@ -163,6 +164,7 @@ def train(
         + details.get("fp8_base", "")
         + details.get("fused_qkv", "")
         + details.get("fused_gate_up", "")
+        + parallel.note
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -283,6 +285,7 @@ def train(
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
     checkpointing, trainable_count = built.checkpointing, built.trainable_count
+    sharding = parallel.note.removeprefix(" | ") or None
     del parallel, built, loss_head, last_mlp, ctx
     gc.collect()
     summary = {
@@ -297,6 +300,7 @@ def train(
         "world_size": world,
         "parallel": t.parallel,
         "activation_checkpointing": checkpointing,
+        "sharding": sharding,
         **reports,  # each part's, and compile
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
