@@ -9,8 +9,7 @@ Tiers (markers registered in pyproject.toml, `--strict-markers` makes a mistyped
     pytest                   everything (the README's command, .ci/run)
     pytest -m "not slow"     the inner loop, ~1.5 min on 2 cores: every module's formulas, verdicts,
                              parsing, configs and quick fuzzing, in-process or through quick CLI calls
-    pytest -m "dist or torch_version"
-                             what can differ between torch releases: .ci/run's run on the lowest torch
+    pytest -m torch_version  what can differ between torch releases: .ci/run's run on the lowest torch
 
 `slow` takes more than about a second (trains a model, runs `gpuval accept`, starts many processes);
 `dist` starts torchrun or several cooperating processes; `slurm` runs the real local Slurm
@@ -20,7 +19,8 @@ A whole module of one kind says so with `pytestmark = pytest.mark.dist`; a mixed
 `serial` asserts a wall-clock bound within about a second of what it times (calls per 20 ms window, a stop
 within 0.55 s), which other tests' load could break, so it runs with no other test beside it; bounds with
 seconds of slack over a deadline (test_lifecycle, test_soak) run beside others. `torch_version` (given
-here, by module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release.
+here, by module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release; the
+two-rank accept and health runs carry it by hand, so the lowest torch runs gpuval end to end once.
 
 Parallel workers (pytest-xdist; pyproject's addopts say `-n 4 --dist loadgroup`, `-n 0` runs in this
 process): much of the suite waits on child processes (torchrun ranks, gpuval runs, Slurm jobs, Chromium),

@@ -66,6 +66,7 @@ def two_ranks(cpu_accept_run):
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # the lowest torch runs one two-rank accept end to end
 def test_two_rank_accept_passes(two_ranks):
     proc, out = two_ranks
     _no_traceback(proc)
@@ -81,6 +82,7 @@ def test_two_rank_accept_passes(two_ranks):
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # the lowest torch runs one two-rank accept end to end
 def test_two_rank_result_json(two_ranks):
     proc, out = two_ranks
     document, _ = _read(out)
@@ -111,6 +113,7 @@ def bench_checks(document: dict) -> list[dict]:
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # the lowest torch runs one two-rank accept end to end
 def test_two_rank_measurements(two_ranks):
     _, out = two_ranks
     document, _ = _read(out)
@@ -135,6 +138,7 @@ def test_two_rank_measurements(two_ranks):
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # the lowest torch runs one two-rank accept end to end
 def test_two_rank_checks_cover_the_profile(two_ranks):
     _, out = two_ranks
     document, _ = _read(out)
@@ -150,6 +154,7 @@ def test_two_rank_checks_cover_the_profile(two_ranks):
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # the lowest torch runs one two-rank accept end to end
 def test_two_rank_junit(two_ranks):
     _, out = two_ranks
     document, suite = _read(out)

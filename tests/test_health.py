@@ -1099,6 +1099,7 @@ def test_cli_gpus_no_profile_knows_are_a_usage_error_naming_their_pci_ids(
 
 
 @pytest.mark.dist
+@pytest.mark.torch_version  # on the lowest torch too: the ranks' object gather
 def test_health_under_torchrun_gathers_every_rank(tmp_path):
     from conftest import cli_env, run_cli
 
