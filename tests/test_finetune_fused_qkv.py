@@ -141,15 +141,16 @@ def test_fuse_qkv_setting_per_device_parallelism_and_targets():
     assert fuse("auto", True, "ddp").on is True
     assert fuse("auto", True, "ddp", "all-linear").on is True
     assert fuse("auto", False, "ddp").on is False
-    under_fsdp = fuse("auto", True, "fsdp")
-    assert under_fsdp.on is False and "fused_qkv off under train.parallel=fsdp" in under_fsdp.note  # said
+    assert fuse("auto", True, "fsdp").on is True  # the concatenated product is a module FSDP2 shards
+    under_zero3 = fuse("auto", True, "deepspeed")
+    assert under_zero3.on is False and "fused_qkv off under train.parallel=deepspeed" in under_zero3.note
     assert fuse("auto", True, "ddp", ["q_proj", "v_proj"]).on is False
     assert fuse(True, False, "ddp").on is True  # tests use it
     assert fuse(False, True, "ddp").on is False
     with pytest.raises(
-        UsageError, match=r"^train.step.fuse_qkv=true works with train.parallel=ddp only \(fsdp"
+        UsageError, match=r"^train.step.fuse_qkv=true works with train.parallel ddp or fsdp \(deepspeed"
     ):
-        fuse(True, True, "fsdp")
+        fuse(True, True, "deepspeed")
     with pytest.raises(UsageError, match=r"needs LoRA on q_proj, k_proj and v_proj .*fuse_qkv=false$"):
         fuse(True, True, "ddp", ["q_proj", "v_proj"])
 

@@ -532,10 +532,11 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
 ):
     """FSDP2 and ZeRO-3 with the parts that once ran under ddp only: the fused loss (the head, taken out of
     the model, stays whole on every rank) and split products (the gathered weights read at call time) give
-    one process's losses, and the summary says both ran."""
+    one process's losses, and the summary says both ran. Under FSDP2 fused q/k/v too (its concatenated
+    product a module of its own that FSDP2 shards), on both sides so the arithmetic is the same."""
     if parallel == "deepspeed":
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
-    parts = {"kernels": "liger-loss", "split_products": True}
+    parts = {"kernels": "liger-loss", "split_products": True, "fuse_qkv": parallel == "fsdp"}
 
     def run(program: list[str], accumulation: int, name: str, mode: str) -> tuple[list, dict]:
         settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
@@ -550,6 +551,7 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
         assert summary["fused_loss"] and summary["split_products"], summary
         if mode == "fsdp":
             assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
+        assert summary["fused_qkv"] is (parallel == "fsdp"), summary
         return losses, summary
 
     single, _ = run([sys.executable], 4, "single", "ddp")

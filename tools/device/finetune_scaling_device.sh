@@ -13,6 +13,7 @@
 #                                                              # the shipped recipe on every local GPU
 #   PHASE=sharding bash tools/device/finetune_scaling_device.sh  # train.sharding's FSDP2 choices, ZeRO-3
 #                                                              # prefetching a whole layer
+#   PHASE=fsdpqkv bash tools/device/finetune_scaling_device.sh   # FSDP2 with and without fused q/k/v
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -62,6 +63,14 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-prefetch-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch.json"
       echo "fsdp-2 2 --set parallel=fsdp"
       echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      ;;
+    fsdpqkv)  # FSDP2 with fused q/k/v (auto since its product became a module FSDP2 shards) against without
+      echo "1gpu 1"
+      echo "fsdp-$GPUS $GPUS --set parallel=fsdp"
+      echo "fsdp-unfused-$GPUS $GPUS --set parallel=fsdp --set step.fuse_qkv=false"
+      echo "ddp-$GPUS $GPUS --set parallel=ddp"
+      echo "fsdp-2 2 --set parallel=fsdp"
+      echo "ddp-2 2 --set parallel=ddp"
       ;;
     two)
       echo "1gpu 1"

@@ -20,6 +20,12 @@ plain peft), and only their `forward` is replaced: `q_proj(x)` computes all thre
 call in any other order is an error, never a silently wrong result. The three base weights become views
 into the concatenated one (no second copy); with `train.step.precision: fp8-base` the concatenated weight is
 quantised once (fp8.Fp8Linear) and the parts are its row slices.
+
+Under FSDP2 (`sharded`), which shards every parameter of a decoder layer on its own, views would become three
+more sharded copies. There the concatenated product is registered in the attention module as `qkv_fused`,
+so FSDP2 shards it and gathers it with the layer, and the three base layers keep zero-size weights: nothing
+calls them (their `forward` is replaced) and PEFT's adapter, which holds only the LoRA weights, saves as
+before.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from gpuval.finetune.fp8 import Fp8Linear, fp8_options, fused_base
 from gpuval.finetune.parts import Decision, Part, StepContext
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+FUSED_NAME = "qkv_fused"  # the concatenated product's name in the attention module, under FSDP2
 IDLE, Q_DONE, K_DONE = 0, 1, 2  # where an attention layer's q, k, v calls stand
 
 
@@ -105,12 +112,14 @@ def fuse_qkv(
     fast_accum: bool = False,
     input_grad_fp8: bool = True,
     exclude: Collection[int] = frozenset(),
+    sharded: bool = False,
 ) -> int:
     """Fuse q/k/v in every attention layer of a PEFT model whose three projections carry one plain LoRA
     adapter each (see `fusable`); `fp8`: the concatenated base weight runs in FP8 (fp8.Fp8Linear, with
     `fast_accum` and `input_grad_fp8` as fp8.Fp8Linear.from_linear takes them) unless one of the three base
     layers' ids is in `exclude` (fp8.excluded_linears). Call it after the model is on its device and before
-    compiling. Returns how many attention layers were fused."""
+    compiling. `sharded`: the layers will be sharded by FSDP2 (module docstring). Returns how many attention
+    layers were fused."""
     count = 0
     for attention in list(model.modules()):
         parts = [getattr(attention, name, None) for name in PROJECTIONS]
@@ -121,10 +130,15 @@ def fuse_qkv(
         concatenated = concatenate_linears([p.get_base_layer() for p in parts])
         base = fused_base(concatenated, fp8, kept_bf16, fast_accum, input_grad_fp8)
         fused = FusedQKV(parts, adapter, base)
-        start = 0
-        for part, width in zip(parts, fused.widths, strict=True):
-            _point_at_rows(part, base, start, start + width)  # no second copy of the weights
-            start += width
+        if sharded:
+            attention.register_module(FUSED_NAME, base)
+            for part in parts:
+                _drop_weights(part.get_base_layer())
+        else:
+            start = 0
+            for part, width in zip(parts, fused.widths, strict=True):
+                _point_at_rows(part, base, start, start + width)  # no second copy of the weights
+                start += width
         for part, forward in zip(parts, (fused.q_forward, fused.k_forward, fused.v_forward), strict=True):
             part.forward = forward  # an instance attribute: PEFT's class and parameters stay as they are
         count += 1
@@ -169,6 +183,14 @@ def concatenate_linears(bases: list[torch.nn.Linear]) -> torch.nn.Linear:
     return base
 
 
+def _drop_weights(layer: torch.nn.Linear) -> None:
+    """A base layer that nothing calls any more keeps zero-size weights (FSDP2 would shard a full copy)."""
+    for name in ("weight", "bias"):
+        value = getattr(layer, name)
+        if value is not None:
+            setattr(layer, name, torch.nn.Parameter(value.new_empty(0), requires_grad=False))
+
+
 def _point_at_rows(part: Any, base: torch.nn.Module, start: int, end: int) -> None:
     """Make the part's base layer rows `start:end` of the concatenated base, sharing its memory."""
     if isinstance(base, Fp8Linear):
@@ -184,11 +206,12 @@ class FusedQkvPart(Part):
     """Fused q/k/v: q, k and v with their LoRA adapters as one product and one dropout mask (module
     docstring; `train.step.fuse_qkv`).
 
-    Applies when set true, or by auto on a GPU under ddp when LoRA targets q, k and v (fsdp and deepspeed
-    shard the weights it concatenates: off, and said so). True under another parallel mode, without LoRA on
-    the three, or with no attention layer fused is a UsageError.
-    Changes: the three projections' `forward` (PEFT's modules and parameters stay; the base weights become
-    views of one concatenated weight, in FP8 when the fp8_base part is on).
+    Applies when set true, or by auto on a GPU under ddp or fsdp when LoRA targets q, k and v (deepspeed
+    partitions the weights it concatenates from hooks on the three modules: off, and said so). True under
+    deepspeed, without LoRA on the three, or with no attention layer fused is a UsageError.
+    Changes: the three projections' `forward` (PEFT's modules and adapter weights stay; under ddp the base
+    weights become views of one concatenated weight, in FP8 when the fp8_base part is on; under fsdp the
+    concatenated product is the attention's `qkv_fused` module and the three base weights are emptied).
     Reports `fused_qkv`.
     Order: after the move to the device (stage adapted) and after packed_dropout (it keeps a reference to the
     q adapter's dropout module); before fp8_base (it quantises its concatenated weight itself) and
@@ -201,9 +224,9 @@ class FusedQkvPart(Part):
     def decide(self, ctx: StepContext) -> Decision:
         setting, targets = ctx.step.fuse_qkv, ctx.lora.target_modules
         targeted = targets == "all-linear" or set(PROJECTIONS) <= set(targets)
-        if setting is True and ctx.parallel != "ddp":
+        if setting is True and ctx.parallel == "deepspeed":
             raise UsageError(
-                f"train.step.fuse_qkv=true works with train.parallel=ddp only ({ctx.parallel} shards the "
+                "train.step.fuse_qkv=true works with train.parallel ddp or fsdp (deepspeed partitions the "
                 "weights it concatenates): set train.step.fuse_qkv=auto"
             )
         if setting is True and not targeted:
@@ -215,10 +238,14 @@ class FusedQkvPart(Part):
             return Decision(bool(setting), bool(setting), "set")
         if not targeted:
             return Decision(False, False, "auto: LoRA is not on q, k and v")
-        return ctx.auto_on_gpu_under_ddp(self.name, ": it concatenates weights that are sharded")
+        if not ctx.on_gpu:
+            return Decision(False, False, "auto: CPU")
+        if ctx.parallel == "deepspeed":
+            return ctx.off_under_parallel(self.name, ": it concatenates weights that ZeRO-3 partitions")
+        return Decision(True, True, f"auto: GPU, {ctx.parallel}")
 
     def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
-        fused = fuse_qkv(model, **fp8_options(ctx))
+        fused = fuse_qkv(model, **fp8_options(ctx), sharded=ctx.parallel == "fsdp")
         if ctx.step.fuse_qkv is True and not fused:
             raise UsageError(
                 "train.step.fuse_qkv=true: no attention layer has one plain LoRA adapter on each of q_proj, "
