@@ -22,9 +22,10 @@ seconds of slack over a deadline (test_lifecycle, test_soak) run beside others. 
 here, by module: TORCH_VERSION_MODULES) tests code whose behaviour depends on the torch release; the
 two-rank accept and health runs carry it by hand, so the lowest torch runs gpuval end to end once.
 
-Parallel workers (pytest-xdist; pyproject's addopts say `-n 4 --dist loadgroup`, `-n 0` runs in this
-process): much of the suite waits on child processes (torchrun ranks, gpuval runs, Slurm jobs, Chromium),
-so 4 workers share 2 cores well. "Parallel workers" below says what keeps that safe.
+Parallel workers (pytest-xdist; pyproject's addopts say `-n auto --dist loadgroup`: 4 workers for the
+full run, one per core for `-m "not slow"`, pytest_xdist_auto_num_workers; `-n 0` runs in this process):
+much of the suite waits on child processes (torchrun ranks, gpuval runs, Slurm jobs, Chromium), so 4
+workers share 2 cores well. "Parallel workers" below says what keeps that safe.
 """
 
 from __future__ import annotations
@@ -184,6 +185,20 @@ def _share_out(config: pytest.Config, items: list[pytest.Item]) -> None:
     written = _run_files(config.workerinput["testrunuid"]).with_suffix(f".groups.{os.getpid()}")
     written.write_text(json.dumps(groups), encoding="utf-8")  # every worker writes the same groups
     written.replace(written.with_suffix(".json"))
+
+
+FULL_RUN_WORKERS = 4  # plain `pytest`: its slow tests mostly wait on child processes, so 4 share 2 cores
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many workers pyproject's `-n auto` starts. The full run: FULL_RUN_WORKERS. The inner loop
+    (`-m "not slow"`), whose tests compute in the worker itself: one per core, at most FULL_RUN_WORKERS, since
+    a worker more than the cores only adds its own collection (about 10 s of CPU each) and switching. On
+    2 cores 2 workers ran it in 155 s of CPU against 182 s for 4 (2026-11-27)."""
+    if "not slow" in (config.getoption("markexpr") or ""):
+        return max(1, min(os.cpu_count() or 1, FULL_RUN_WORKERS))
+    return FULL_RUN_WORKERS
 
 
 @pytest.hookimpl(optionalhook=True)

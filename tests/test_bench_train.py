@@ -61,6 +61,7 @@ PARAMS = {
     "fused_gate_up",
     "split_products",
     "dropout_kernel",
+    "sharding",
     "parallel",
     "world_size",
     "trainable_params",

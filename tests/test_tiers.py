@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -130,3 +131,17 @@ def test_under_workers_a_serial_test_runs_alone_and_a_modules_fixture_is_made_on
     # the other tests did run side by side, so the workers were there to run beside the serial one
     ordered = sorted(spans.values())
     assert any(later[0] < earlier[1] for earlier, later in zip(ordered, ordered[1:], strict=False))
+
+
+def test_the_inner_loop_runs_a_worker_per_core_and_the_full_run_four(monkeypatch):
+    """pyproject's `-n auto`: tests/conftest.py's pytest_xdist_auto_num_workers."""
+    from conftest import FULL_RUN_WORKERS, pytest_xdist_auto_num_workers
+
+    def workers(markexpr: str, cores: int | None) -> int:
+        monkeypatch.setattr("os.cpu_count", lambda: cores)
+        return pytest_xdist_auto_num_workers(SimpleNamespace(getoption=lambda name: markexpr))
+
+    assert FULL_RUN_WORKERS == 4
+    assert [workers("", 2), workers("", 64), workers("dist or slurm", 2)] == [4, 4, 4]
+    assert [workers("not slow", 2), workers("not slow", 1), workers("not slow", None)] == [2, 1, 1]
+    assert workers("not slow and not browser", 64) == 4
