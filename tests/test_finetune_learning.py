@@ -18,7 +18,7 @@ CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
 SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer examples scored
     "synth.n=600",
     "synth.holdout_n=80",
-    "train.max_steps=150",
+    "train.max_steps=100",
     "train.save.every_steps=0",
     "eval.max_examples=40",
 ]
@@ -34,12 +34,15 @@ def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tmp_
     holdout = splits["holdout_values"]
     # The base never saw <tool_call>: on requests that all want a call it makes none.
     assert holdout["base"]["calls_made"] == 0 and holdout["base"]["exact_call_accuracy"] == 0.0
-    # After 150 LoRA steps the tuned model calls, names the function and fills in values it never saw.
+    # After 100 LoRA steps the tuned model calls, names the function and fills in values it never saw.
+    # Measured on the 2-core dev CPU, one thread as under the workers (2026-11-27), seeds 0 (the test's)
+    # and 1: recall 1.0 and 1.0, exact 0.800 and 0.825, argument F1 0.883 and 0.914; 150 steps gave 1.0,
+    # 0.875 and 0.943 at 1.3x the CPU time.
     tuned = holdout["tuned"]
-    assert tuned["call_recall"] >= 0.9  # 1.0 measured on the 2-core dev CPU (0.975 before)
-    # 0.90 measured (36 of 40) with the hidden-192 base; 0.85 with the hidden-128 6,000-step base, 0.775
+    assert tuned["call_recall"] >= 0.9
+    # earlier bases at 150 steps: 0.90 with hidden 192; 0.85 with the hidden-128 6,000-step base, 0.775
     # with random-letter values, 0.70 with the 4,000-step base, 0.475 with the first word-level base
     assert tuned["exact_call_accuracy"] >= 0.7, tuned
-    assert tuned["argument_f1"] >= 0.7, tuned  # 0.925 measured (0.93, 0.84, 0.85, 0.87 and 0.67 before)
+    assert tuned["argument_f1"] >= 0.7, tuned
     for split in ("eval", "eval_unseen"):
         assert splits[split]["tuned"]["exact_call_accuracy"] > splits[split]["base"]["exact_call_accuracy"]
