@@ -14,8 +14,13 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
 
 ZeRO-3 has no such setting here. DeepSpeed fetches its parameters module by module, from hooks on every
 submodule; marking each decoder layer as one fetch (DeepSpeed's z3 leaf modules, `set_z3_leaf_module`) was
-tried on 2026-11-27 with DeepSpeed 0.19.8 and failed in the first backward on two CPU ranks: a LoRA
-weight's gradient was accumulated into a zero-size tensor, after the layer's parameters had been released.
+tried on 2026-11-27 with DeepSpeed 0.19.8 and failed in the first backward on two CPU ranks ("size of
+tensor a (0) must match" in a LoRA weight's AccumulateGrad). The cause is in DeepSpeed's design: a leaf
+module's trainable gradients are reduced from a full backward hook on the module
+(`DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks`), which fires once the gradient of
+the layer's input is ready; a LoRA weight whose AccumulateGrad autograd runs after that is given a
+zero-size placeholder gradient first, and its real gradient then cannot be added. Leaf modules suit layers
+whose trainable weights are all whole-layer experts (DeepSpeed's MoE case), not adapters inside a layer.
 
 Source: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
