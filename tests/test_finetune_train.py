@@ -116,7 +116,8 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):
-    settings: dict[str, object] = {"max_steps": 8, "save": {"every_steps": 2, "keep_last": 2}}
+    # 6 steps: "killed" after step 5, resumed from step 4's checkpoint, then steps 5 and 6 compared
+    settings: dict[str, object] = {"max_steps": 6, "save": {"every_steps": 2, "keep_last": 2}}
     settings["parallel"] = parallel
     if parallel == "deepspeed":
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
@@ -132,7 +133,7 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
 
     second = train(cut_cfg, runtime, resume=True)
     assert second["resumed_from"].endswith("step-00000004")
-    assert [s["step"] for s in second["steps"]] == [5, 6, 7, 8]
+    assert [s["step"] for s in second["steps"]] == [5, 6]
     assert [s["loss"] for s in second["steps"]] == [s["loss"] for s in whole["steps"][4:]]
     resumed, uninterrupted = lora_weights(Path(second["adapter"])), lora_weights(Path(whole["adapter"]))
     assert resumed.keys() == uninterrupted.keys()
