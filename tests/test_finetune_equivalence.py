@@ -105,8 +105,22 @@ def _config(data: Path, output: Path, **switches: Any) -> dict[str, Any]:
 
 
 def _flat(switches: dict[str, Any]) -> dict[str, Any]:
-    """The baseline's train settings with `switches` on top, by flat name: what the reference reads."""
+    """The baseline's train settings with `switches` on top, by flat name."""
     return {**TRAIN, **{k: v for k, v in switches.items() if k not in LORA_SWITCHES}}
+
+
+# the train settings the reference reads; the step switches (attention, kernels, …) it has no use for
+REFERENCE_SETTINGS = ("seed", "lr", "weight_decay", "warmup_steps", "max_steps", "grad_clip")
+
+
+def _reference_key(lora: dict[str, Any], switches: dict[str, Any]) -> tuple[str, str]:
+    """What the reference run depends on, as _reference_losses's cache key: the LoRA, the optimiser's
+    settings and the packs a step (one micro-batch of two packs and two micro-batches of one are the same
+    step to it). Switch sets equal in these share one reference run."""
+    flat = _flat(switches)
+    settings = {key: flat[key] for key in REFERENCE_SETTINGS}
+    settings["packs_per_step"] = flat["micro_batch_size"] * flat["grad_accum_steps"]
+    return json.dumps(lora, sort_keys=True), json.dumps(settings, sort_keys=True)
 
 
 # id -> switches; each one changes the step's arithmetic and none the training it must give
@@ -169,7 +183,7 @@ def test_gpuval_trains_as_transformers_and_peft_do(name, train_file, runtime, tm
     cfg = _config(train_file, tmp_path / "run", **SWITCHES[name])
     summary = train(finetune_config_from_dict(cfg), runtime, save_adapter=False, quiet=True, max_packs=PACKS)
     gpuval = [s["loss"] for s in summary["steps"]]
-    reference = _reference_losses(json.dumps(cfg["lora"]), json.dumps(_flat(SWITCHES[name])), str(train_file))
+    reference = _reference_losses(*_reference_key(cfg["lora"], SWITCHES[name]), str(train_file))
 
     assert len(gpuval) == len(reference) == STEPS
     assert sum(reference[-4:]) < 0.9 * sum(reference[:4]), reference  # it trains: equal losses mean something
@@ -196,13 +210,13 @@ def test_gpuval_trains_as_transformers_and_peft_do(name, train_file, runtime, tm
 
 
 @functools.cache
-def _reference_losses(lora_json: str, train_json: str, data: str) -> list[float]:
+def _reference_losses(lora_json: str, settings_json: str, data: str) -> list[float]:
     """Per-step losses of the same training with transformers, PEFT and torch alone (module docstring);
-    memoised: switches that leave the LoRA, the batch and the data as they are share one reference run."""
+    memoised by _reference_key: the 12 switch sets need 4 distinct reference runs."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, get_cosine_schedule_with_warmup
 
-    lora, settings = json.loads(lora_json), json.loads(train_json)
+    lora, settings = json.loads(lora_json), json.loads(settings_json)
     tokenizer = AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
     packs = _packs(data, tokenizer)
     torch.manual_seed(settings["seed"])  # LoRA's A matrices are drawn from the global generator
@@ -225,7 +239,7 @@ def _reference_losses(lora_json: str, train_json: str, data: str) -> list[float]
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings["lr"], weight_decay=settings["weight_decay"])
     schedule = get_cosine_schedule_with_warmup(optimizer, settings["warmup_steps"], settings["max_steps"])
-    per_step = settings["micro_batch_size"] * settings["grad_accum_steps"]
+    per_step = settings["packs_per_step"]
     losses = []
     for step in range(settings["max_steps"]):
         documents = [

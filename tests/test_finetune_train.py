@@ -16,6 +16,7 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from conftest import cli_env  # noqa: E402
+from finetune_runs import WORKER, own_runtime, run_alone, run_worker  # noqa: E402
 
 from gpuval.config import deep_merge  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
@@ -28,7 +29,6 @@ from gpuval.finetune.trainer import train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "dist" / "train_worker.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
@@ -116,7 +116,8 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):
-    settings: dict[str, object] = {"max_steps": 8, "save": {"every_steps": 2, "keep_last": 2}}
+    # 6 steps: "killed" after step 5, resumed from step 4's checkpoint, then steps 5 and 6 compared
+    settings: dict[str, object] = {"max_steps": 6, "save": {"every_steps": 2, "keep_last": 2}}
     settings["parallel"] = parallel
     if parallel == "deepspeed":
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
@@ -132,43 +133,23 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
 
     second = train(cut_cfg, runtime, resume=True)
     assert second["resumed_from"].endswith("step-00000004")
-    assert [s["step"] for s in second["steps"]] == [5, 6, 7, 8]
+    assert [s["step"] for s in second["steps"]] == [5, 6]
     assert [s["loss"] for s in second["steps"]] == [s["loss"] for s in whole["steps"][4:]]
     resumed, uninterrupted = lora_weights(Path(second["adapter"])), lora_weights(Path(whole["adapter"]))
     assert resumed.keys() == uninterrupted.keys()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
-def run_worker(program: list[str], folder: Path, name: str, config: dict) -> tuple[list, dict]:
-    """One fine-tune through tests/dist/train_worker.py under `program` (python, or torchrun with its
-    arguments): its per-step losses and rank 0's summary."""
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    out = folder / f"{name}.json"
-    proc = subprocess.run(
-        [*program, str(WORKER), str(path), str(out)],
-        env=cli_env(OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    summary = json.loads(out.read_text(encoding="utf-8"))
-    return [s["loss"] for s in summary["steps"]], summary
-
-
 @pytest.mark.dist
 def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation(train_file, tmp_path):
-    def run(program: list[str], accumulation: int, name: str, parallel: str = "ddp") -> tuple[list, dict]:
+    def config(accumulation: int, name: str, parallel: str = "ddp") -> dict:
         settings = {"max_steps": 4, "grad_accum_steps": accumulation, "micro_batch_size": 1}
-        return run_worker(
-            program, tmp_path, name, config_dict(train_file, tmp_path / name, **settings, parallel=parallel)
-        )
+        return config_dict(train_file, tmp_path / name, **settings, parallel=parallel)
 
     torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
-    single, single_summary = run([sys.executable], 4, "single")
-    ddp, ddp_summary = run(torchrun, 2, "ddp")
-    fsdp, fsdp_summary = run(torchrun, 2, "fsdp", parallel="fsdp")
+    single, single_summary = run_alone(config(4, "single"))
+    ddp, ddp_summary = run_worker(torchrun, tmp_path, "ddp", config(2, "ddp"))
+    fsdp, fsdp_summary = run_worker(torchrun, tmp_path, "fsdp", config(2, "fsdp", parallel="fsdp"))
     assert ddp_summary["world_size"] == fsdp_summary["world_size"] == 2 and single_summary["world_size"] == 1
     assert ddp_summary["global_batch_packs"] == single_summary["global_batch_packs"] == 4
     assert ddp == pytest.approx(single, rel=1e-5)
@@ -349,21 +330,10 @@ class _Payload:
 @pytest.fixture(scope="module")
 def checkpointed(train_file, tmp_path_factory) -> tuple[dict, Path]:
     """A run stopped after its step-2 checkpoint (a run of its own, in a module-scoped folder)."""
-    import os
-
-    from conftest import is_launcher_variable
-
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
-    try:
-        rt = init_runtime(timeout_s=30, backend="gloo")
-        try:
-            output = tmp_path_factory.mktemp("checkpointed") / "run"
-            data = config_dict(train_file, output, max_steps=4, save={"every_steps": 2})
-            train(finetune_config_from_dict(data), rt, stop_after_step=2)
-        finally:
-            rt.shutdown()
-    finally:
-        os.environ.update(saved)
+    output = tmp_path_factory.mktemp("checkpointed") / "run"
+    data = config_dict(train_file, output, max_steps=4, save={"every_steps": 2})
+    with own_runtime() as rt:
+        train(finetune_config_from_dict(data), rt, stop_after_step=2)
     return data, output
 
 
@@ -525,10 +495,41 @@ def untied_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def fused_config(
+    train_file: Path, model: Path, output: Path, mode: str, accumulation: int, fuse_qkv: bool
+) -> dict:
+    """The fused loss and split products on the untied model, 4 steps, under `mode`; fused q/k/v if asked."""
+    parts = {"kernels": "liger-loss", "split_products": True, "fuse_qkv": fuse_qkv}
+    settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
+    if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
+        # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
+        settings["sharding"] = {"fsdp_reshard_after_forward": False}
+    if mode == "deepspeed":
+        settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
+    data = config_dict(train_file, output, **settings, parallel=mode)
+    data["model"] = str(model)
+    return data
+
+
+@pytest.fixture(scope="module")
+def fused_single(train_file, untied_tiny, tmp_path_factory):
+    """fused_single(fuse_qkv) -> the one-process run FSDP2 (fused q/k/v) or ZeRO-3 (not) compares with below,
+    made once each."""
+    made: dict[bool, tuple[list, dict]] = {}
+
+    def single(fuse_qkv: bool) -> tuple[list, dict]:
+        if fuse_qkv not in made:
+            output = tmp_path_factory.mktemp("fused-single") / "single"
+            made[fuse_qkv] = run_alone(fused_config(train_file, untied_tiny, output, "ddp", 4, fuse_qkv))
+        return made[fuse_qkv]
+
+    return single
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("parallel", ["fsdp", "deepspeed"])
 def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
-    train_file, tmp_path, untied_tiny, parallel
+    train_file, tmp_path, untied_tiny, fused_single, parallel
 ):
     """FSDP2 and ZeRO-3 with the parts that once ran under ddp only: the fused loss (the head, taken out of
     the model, stays whole on every rank) and split products (the gathered weights read at call time) give
@@ -536,25 +537,15 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
     product a module of its own that FSDP2 shards), on both sides so the arithmetic is the same."""
     if parallel == "deepspeed":
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
-    parts = {"kernels": "liger-loss", "split_products": True, "fuse_qkv": parallel == "fsdp"}
-
-    def run(program: list[str], accumulation: int, name: str, mode: str) -> tuple[list, dict]:
-        settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
-        if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
-            # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
-            settings["sharding"] = {"fsdp_reshard_after_forward": False}
-        if mode == "deepspeed":
-            settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
-        data = config_dict(train_file, tmp_path / name, **settings, parallel=mode)
-        data["model"] = str(untied_tiny)
-        losses, summary = run_worker(program, tmp_path, name, data)
-        assert summary["fused_loss"] and summary["split_products"], summary
-        if mode == "fsdp":
-            assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
-        assert summary["fused_qkv"] is (parallel == "fsdp"), summary
-        return losses, summary
-
-    single, _ = run([sys.executable], 4, "single", "ddp")
-    sharded, summary = run([str(TORCHRUN), "--standalone", "--nproc_per_node=2"], 2, parallel, parallel)
+    fuse_qkv = parallel == "fsdp"
+    single, single_summary = fused_single(fuse_qkv)
+    assert single_summary["fused_loss"] and single_summary["split_products"], single_summary
+    torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
+    data = fused_config(train_file, untied_tiny, tmp_path / parallel, parallel, 2, fuse_qkv)
+    sharded, summary = run_worker(torchrun, tmp_path, parallel, data)
+    assert summary["fused_loss"] and summary["split_products"], summary
+    assert summary["fused_qkv"] is single_summary["fused_qkv"] is fuse_qkv, summary
+    if parallel == "fsdp":
+        assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
     assert summary["world_size"] == 2 and summary["parallel"] == parallel
     assert sharded == pytest.approx(single, rel=1e-5)

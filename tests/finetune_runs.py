@@ -1,0 +1,65 @@
+"""How test_finetune_train.py runs a fine-tune apart from its `runtime` fixture: under a launcher in child
+processes (tests/dist/train_worker.py), or in this process with a group of its own (a module-scoped fixture's
+run, a comparison's one-process side)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import yaml
+from conftest import cli_env, is_launcher_variable
+
+from gpuval.finetune.config import finetune_config_from_dict
+from gpuval.finetune.trainer import train
+from gpuval.runtime import Runtime, init_runtime
+
+WORKER = Path(__file__).parent / "dist" / "train_worker.py"
+
+
+@contextmanager
+def own_runtime() -> Iterator[Runtime]:
+    """A group of one for a module-scoped fixture, without the launcher variables (the function-scoped
+    `runtime` fixture's), on one thread as each torchrun rank here (OMP_NUM_THREADS=1). All restored after."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rt = init_runtime(timeout_s=30, backend="gloo")
+    try:
+        yield rt
+    finally:
+        rt.shutdown()
+        torch.set_num_threads(threads)
+        os.environ.update(saved)
+
+
+def run_worker(program: list[str], folder: Path, name: str, config: dict) -> tuple[list, dict]:
+    """One fine-tune through tests/dist/train_worker.py under `program` (python, or torchrun with its
+    arguments): its per-step losses and rank 0's summary."""
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    out = folder / f"{name}.json"
+    proc = subprocess.run(
+        [*program, str(WORKER), str(path), str(out)],
+        env=cli_env(OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads(out.read_text(encoding="utf-8"))
+    return [s["loss"] for s in summary["steps"]], summary
+
+
+def run_alone(config: dict) -> tuple[list, dict]:
+    """The one-process side of a comparison: train() in this process, as train_worker.py runs it in a
+    child, without a child's start-up (python, torch, transformers and PEFT imported again: most of a
+    run's time here). Its per-step losses and its summary."""
+    with own_runtime() as rt:
+        summary = train(finetune_config_from_dict(config), rt)
+    return [s["loss"] for s in summary["steps"]], summary
