@@ -110,6 +110,7 @@ def test_a_model_path_that_does_not_exist_is_a_one_line_usage_error(path):
         assert "\n" not in str(raised.value)
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 def test_shipped_tokenizer_is_what_tiny_py_trains():
     shipped = json.loads((TINY_MODEL_DIR / "tokenizer.json").read_text(encoding="utf-8"))
     trained = json.loads(train_tokenizer(corpus_texts()).to_str())

@@ -123,6 +123,7 @@ def test_evaluation_mode_and_p_zero_pass_the_input_through():
     assert PackedDropout(0.0)(x) is x
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 def test_the_compiled_dropout_drops_at_the_drawn_rate_and_its_gradient_follows_its_mask():
     torch.manual_seed(1)
     dropout = PackedDropout(0.25)

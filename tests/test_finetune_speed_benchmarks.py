@@ -86,6 +86,7 @@ def test_trl_variants_are_known_and_trl_is_imported_only_when_one_runs():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 def test_a_variants_prelude_sets_what_it_names_in_the_process_it_starts():
     variant, check = "gpuval-aten-dropout", "print(config.fallback_random)"
     assert variant in speed.VARIANTS and speed.VARIANTS[variant] == {}  # bench train's options unchanged

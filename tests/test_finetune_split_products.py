@@ -100,6 +100,7 @@ def test_only_frozen_plain_linears_change_and_true_with_none_is_an_error():
         split_products(layers, 4096, required=True)
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 @pytest.mark.parametrize("ends", [[7], [4, 7], [1, 3, 7]])
 def test_the_column_grouped_product_is_the_whole_product_in_one_plain_buffer(ends):
     generator = torch.Generator().manual_seed(len(ends))

@@ -72,6 +72,7 @@ def test_the_page_needs_nothing_from_outside(h200x4_html):
     assert urls <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, urls  # namespaces
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 def test_cli_report_writes_beside_the_result_and_refuses_a_file_that_is_no_result(tmp_path, gpuval):
     copy = tmp_path / "result.json"
     copy.write_text(H200X4.read_text())

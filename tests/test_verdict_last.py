@@ -97,6 +97,7 @@ def test_rank_0_killed_while_writing_reports_leaves_no_verdict(nproc, profile, t
     assert not list((tmp_path / "tmp").glob("gpuval-*"))  # the launcher's exit folder went too
 
 
+@pytest.mark.slow  # 3-10 s on 2 cores (2026-11-27 profile of the inner loop)
 @pytest.mark.parametrize("command", ["accept", "health"])
 def test_a_report_that_cannot_be_written_makes_the_verdict_error(command, profile, tmp_path):
     out = tmp_path / "out"
