@@ -169,6 +169,8 @@ def _share_out(config: pytest.Config, items: list[pytest.Item]) -> None:
         names = item._fixtureinfo.name2fixturedefs  # the fixtures it uses, with their scopes
         if item.get_closest_marker("serial"):
             groups[item.nodeid] = "serial"
+        elif (group := item.get_closest_marker("xdist_group")) is not None:
+            groups[item.nodeid] = str(group.args[0])  # tests that read each other's in-process state
         elif item.get_closest_marker("slurm"):
             groups[item.nodeid] = "slurm"  # one local cluster (tests/test_slurm.py's fixture) for all
         elif any(defs[-1].scope in ("module", "class", "package") for defs in names.values()):

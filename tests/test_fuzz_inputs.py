@@ -46,6 +46,8 @@ FUZZ = settings(
 )
 SCALE = float(os.environ.get("GPUVAL_FUZZ_SCALE", "1"))  # e.g. 10 for a longer campaign than CI's
 COUNTS: dict[str, int] = {}  # cases run per kind, reported by test_case_count
+# test_case_count reads what the fuzz tests counted in this process: under parallel workers, all on one
+pytestmark = pytest.mark.xdist_group("test_fuzz_inputs.py")
 
 
 def invoke(args: list[str], cwd: Path) -> tuple[int, str, str]:
