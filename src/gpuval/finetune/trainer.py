@@ -63,7 +63,7 @@ TENSORBOARD = "tensorboard"
 PROFILE = "profile"  # train.log.profile_steps: trace.json and operators.txt
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
-# how the step ran besides its parts' reports ("sharding": how fsdp or ZeRO-3 gathered weights, else None)
+# how the step ran besides its parts' reports ("sharding": how fsdp moved the gathered weights, else None)
 STEP_KEYS = ("activation_checkpointing", "compile", "sharding")
 # The summary's keys besides what the step's parts report (summary_keys()).
 BASE_SUMMARY_KEYS = (
