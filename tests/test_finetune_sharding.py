@@ -1,10 +1,21 @@
-"""train.sharding's rule for FSDP2 (finetune/sharding.py): when decoder layers keep their gathered weights."""
+"""train.sharding (finetune/sharding.py): when FSDP2's decoder layers keep their gathered weights, and which
+frozen submodules ZeRO-3 fetches whole."""
 
 from types import SimpleNamespace
 
 import torch
 
-from gpuval.finetune.sharding import fsdp_note, fsdp_reshard, reshard_for_memory
+from gpuval.finetune.config import ShardingSettings
+from gpuval.finetune.model import apply_lora, load_model
+from gpuval.finetune.parallel import decoder_layers
+from gpuval.finetune.sharding import (
+    ShardingPlan,
+    frozen_subtrees,
+    fsdp_note,
+    fsdp_reshard,
+    plan_sharding,
+    reshard_for_memory,
+)
 
 GIB = 2**30
 
@@ -29,3 +40,42 @@ def test_a_set_value_wins_and_a_cpu_reshards_under_auto():
     assert fsdp_reshard("auto", model, cpu) == (True, "auto: CPU")
     assert "keep their gathered weights" in fsdp_note(False, "set")
     assert "reshard after forward, all but the last" in fsdp_note(True, "auto: CPU")
+
+
+def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    model = apply_lora(load_model("tiny", torch.float32), 4, 8.0, 0.0, targets, [])
+    return model, decoder_layers(model)
+
+
+def _plan(setting, model, layers, stage=3):
+    settings = ShardingSettings(zero3_frozen_leaves=setting)
+    return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
+
+
+def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_adapter():
+    model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj"])
+    plan = _plan("auto", model, layers)
+    # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
+    assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)
+    assert all(m is layer.mlp for m, layer in zip(plan.zero3_leaves, layers, strict=True))
+    assert plan.weights_sharded and f"zero3: {len(layers)} frozen submodules (Qwen2MLP)" in plan.note
+    # LoRA on the MLP's projections too: no submodule with children is frozen, so none is fetched whole
+    model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    plan = _plan("auto", model, layers)
+    assert plan.zero3_leaves == () and "none has a frozen submodule with children" in plan.note
+    for leaf in frozen_subtrees(layers):
+        assert not any(p.requires_grad for p in leaf.parameters())
+
+
+def test_zero3_leaves_off_when_set_false_or_not_stage_3_and_fsdp_decides_its_reshard():
+    model, layers = _lora_tiny(["q_proj", "v_proj"])
+    off = _plan(False, model, layers)
+    assert off.zero3_leaves == () and off.note == " | zero3: every submodule fetched on its own (set)"
+    stage2 = _plan(True, model, layers, stage=2)  # ZeRO-2 shards no weights: nothing to fetch
+    assert stage2.zero3_leaves == () and not stage2.weights_sharded and stage2.note == ""
+    cpu = SimpleNamespace(on_gpu=False)
+    fsdp = plan_sharding(ShardingSettings(), "fsdp", None, model, layers, cpu)
+    assert fsdp.fsdp_reshard and fsdp.weights_sharded and fsdp.zero3_leaves == ()
+    kept = plan_sharding(ShardingSettings(fsdp_reshard_after_forward=False), "fsdp", None, model, layers, cpu)
+    assert not kept.fsdp_reshard and not kept.weights_sharded and "keep their gathered" in kept.note
+    assert plan_sharding(ShardingSettings(), "ddp", None, model, layers, cpu) == ShardingPlan.replicated()

@@ -4,6 +4,7 @@ config errors."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -547,5 +548,9 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
     assert summary["fused_qkv"] is single_summary["fused_qkv"] is fuse_qkv, summary
     if parallel == "fsdp":
         assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
+    else:  # each layer's frozen MLP fetched by one all-gather (LoRA is on the attention only)
+        assert re.fullmatch(
+            r"zero3: \d+ frozen submodules \(Qwen2MLP\) fetched whole \(auto\)", summary["sharding"]
+        )
     assert summary["world_size"] == 2 and summary["parallel"] == parallel
     assert sharded == pytest.approx(single, rel=1e-5)

@@ -14,6 +14,8 @@
 #   PHASE=sharding bash tools/device/finetune_scaling_device.sh  # train.sharding's FSDP2 choices, ZeRO-3
 #                                                              # prefetching a whole layer
 #   PHASE=fsdpqkv bash tools/device/finetune_scaling_device.sh   # FSDP2 with and without fused q/k/v
+#   PHASE=zero3 bash tools/device/finetune_scaling_device.sh     # ZeRO-3: frozen MLPs fetched whole, the
+#                                                              # adapter kept whole, prefetch, DeepCompile
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -72,6 +74,18 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "fsdp-2 2 --set parallel=fsdp"
       echo "ddp-2 2 --set parallel=ddp"
       ;;
+    zero3)  # ZeRO-3's frozen MLPs fetched whole (train.sharding.zero3_frozen_leaves, auto: on) against
+      # module by module; with small weights kept whole on every rank (the adapter's, k and v: persistence
+      # threshold); with a layer-sized prefetch too; DeepCompile. And
+      # one GPU with eager layers: the parts ZeRO-3 runs, without ZeRO-3 (a diagnostic, not a baseline).
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      echo "deepspeed-noleaves-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=false"
+      echo "deepspeed-persist-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-persist.json"
+      echo "1gpu-eager 1 --set step.compile=false"
+      echo "deepspeed-persist-prefetch-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-persist-prefetch.json"
+      echo "deepspeed-deepcompile-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-deepcompile.json"
+      ;;
     two)
       echo "1gpu 1"
       echo "ddp-2 2 --set parallel=ddp"
@@ -122,6 +136,23 @@ config = json.load(open("configs/finetune/deepspeed/zero3.json"))
 config["zero_optimization"].update(stage3_prefetch_bucket_size=500_000_000, stage3_max_live_parameters=3_000_000_000)
 json.dump(config, open(sys.argv[1], "w"), indent=2)
 PY
+# the zero3 phase's DeepSpeed configs: zero3.json with every weight under 2 M elements kept whole on every
+# rank (LoRA's matrices, 229 k each, and the k/v projections, 1.8 M: 0.2 GB over 28 layers), alone and with
+# a layer-sized prefetch; and with DeepCompile
+python3 - "$W" <<'PY'
+import json, sys
+base = json.load(open("configs/finetune/deepspeed/zero3.json"))
+def write(name, compile_section=None, **zero):
+    config = json.loads(json.dumps(base))
+    config["zero_optimization"].update(zero)
+    if compile_section:
+        config["compile"] = compile_section
+    json.dump(config, open(f"{sys.argv[1]}/{name}.json", "w"), indent=2)
+write("zero3-persist", stage3_param_persistence_threshold=2_000_000)
+write("zero3-persist-prefetch", stage3_param_persistence_threshold=2_000_000,
+      stage3_prefetch_bucket_size=500_000_000, stage3_max_live_parameters=3_000_000_000)
+write("zero3-deepcompile", {"deepcompile": True})
+PY
 
 if [ "$PHASE" = two ]; then  # the shipped recipe's data (synthetic Glaive records, prepared)
   python3 -m gpuval finetune synth --n 1500 --values train --output "$W/glaive.jsonl" >/dev/null
@@ -135,6 +166,8 @@ while read -r name n args; do
   [ -n "${RUNS:-}" ] && [[ " $RUNS " != *" $name "* ]] && continue
   [ "$n" -gt "$GPUS" ] && { echo "=== $name: needs $n GPUs, $GPUS here"; continue; }
   [ $((CALL_S - SECONDS)) -lt "$RUN_MIN_S" ] && { echo "=== $name: not started, $((CALL_S - SECONDS)) s left"; continue; }
+  limit=150
+  [[ $name == *deepcompile* ]] && limit=$((CALL_S - SECONDS - 15))  # compiling the whole model: what is left
   read -r -a extra <<<"${args:-}"
   if [[ $name == shipped-nproc-* ]]; then  # the shipped recipe as a user runs it: gpuval's own launcher
     timed "$name" timeout 150 python3 -m gpuval finetune train "${SHIPPED[@]}" --set output="$W/$name" \
@@ -145,10 +178,10 @@ while read -r name n args; do
       "${SHIPPED[@]}" --set output="$W/$name" </dev/null
     cp "$W/$name/train_summary.json" "$D/$name.json" 2>/dev/null
   elif [ "$n" = 1 ]; then
-    timed "$name" env CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m gpuval bench train "${COMMON[@]}" \
+    timed "$name" env CUDA_VISIBLE_DEVICES=0 timeout "$limit" python3 -m gpuval bench train "${COMMON[@]}" \
       "${extra[@]}" --output "$D/$name.json" </dev/null  # stdin: the loop's list of runs
   else
-    timed "$name" env CUDA_VISIBLE_DEVICES="$(visible "$n")" timeout 150 torchrun --standalone \
+    timed "$name" env CUDA_VISIBLE_DEVICES="$(visible "$n")" timeout "$limit" torchrun --standalone \
       --nproc_per_node="$n" -m gpuval bench train "${COMMON[@]}" "${extra[@]}" --output "$D/$name.json" \
       </dev/null
   fi

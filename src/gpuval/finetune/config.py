@@ -231,8 +231,8 @@ class ExperimentalSettings(_Strict):
 
 
 class ShardingSettings(_Strict):
-    """How fsdp moves the sharded weights (finetune/sharding.py); `auto` resolves per model and GPU, and the
-    run's start-up line says what it chose and why."""
+    """How fsdp and ZeRO-3 move the sharded weights (finetune/sharding.py); `auto` resolves per model and
+    GPU, and the run's start-up line says what it chose and why."""
 
     fsdp_reshard_after_forward: bool | Literal["auto"] = Field(
         "auto",
@@ -241,6 +241,13 @@ class ShardingSettings(_Strict):
         "torchtitan does) or keep them until its backward (false: one all-gather per micro-batch instead "
         "of two, the unsharded weights held meanwhile). auto: false on a GPU when the whole model's "
         "weights take at most a quarter of its memory, else true",
+    )
+    zero3_frozen_leaves: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): fetch each frozen submodule of a decoder layer that has "
+        "children of its own (Qwen2's MLP when LoRA targets the attention) whole, by one all-gather and "
+        "without hooks on its children, instead of child by child. A submodule holding a trainable weight "
+        "is never fetched whole (finetune/sharding.py says why). auto: true",
     )
 
 

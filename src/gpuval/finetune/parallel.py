@@ -29,7 +29,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import fsdp_note, fsdp_reshard
+from gpuval.finetune.sharding import ShardingPlan
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -52,12 +52,15 @@ DEEPSPEED_OWNED = (
 class Parallel:
     """Plain (one process) or DDP; FSDP and DeepSpeed override what differs."""
 
-    def __init__(self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> None:
+    def __init__(
+        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+    ) -> None:
         self.peft_model = peft_model
         self.module: torch.nn.Module = peft_model
         self.runtime = runtime
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
-        self.note = ""  # the start-up line's words on how this mode moves weights (sharding.py)
+        self.sharding = sharding
+        self.note = sharding.note  # the start-up line's words on how this mode moves weights
         self.wrap(cfg, dtype)
         self.optimizer, self.scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
 
@@ -175,8 +178,7 @@ class Fsdp(Parallel):
             if runtime.on_gpu and dtype == torch.bfloat16
             else MixedPrecisionPolicy()
         )
-        reshard, why = fsdp_reshard(cfg.train.sharding.fsdp_reshard_after_forward, self.peft_model, runtime)
-        self.note = fsdp_note(reshard, why)
+        reshard = self.sharding.fsdp_reshard
         layers = decoder_layers(self.peft_model)
         for index, layer in enumerate(layers):
             # the last layer's backward follows its forward at once: never resharded in between
@@ -193,9 +195,12 @@ class Fsdp(Parallel):
 
 
 class DeepSpeed(Parallel):
-    def __init__(self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> None:
+    def __init__(
+        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+    ) -> None:
         try:
             import deepspeed
+            from deepspeed.utils import set_z3_leaf_module
         except ImportError:
             raise UsageError(
                 "train.parallel is deepspeed but the deepspeed package is missing: pip install deepspeed "
@@ -203,10 +208,12 @@ class DeepSpeed(Parallel):
             ) from None
         self.peft_model = peft_model
         self.runtime = runtime
-        self.note = ""
+        self.note = sharding.note
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
+        for module in sharding.zero3_leaves:  # before initialize, which registers the fetch hooks
+            set_z3_leaf_module(module, True)
         # DeepSpeed reads the rank layout from the launcher's variables; a run gpuval started as one
         # process (or under srun) has them in the runtime instead.
         for key, value in (("LOCAL_RANK", runtime.local_rank), ("RANK", runtime.rank)):
@@ -220,6 +227,9 @@ class DeepSpeed(Parallel):
             config=ds_config,
             dist_init_required=False,
         )
+        if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
+            engine.compile()
+            self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"
         self.engine = engine
         self.module = engine
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -283,6 +293,11 @@ def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> 
     if not isinstance(settings, dict):
         raise UsageError(f"deepspeed config '{path}': the top level must be a JSON object")
     t = cfg.train
+    if deepcompile(settings) and t.step.compile is True:
+        raise UsageError(
+            f"deepspeed config '{path}' turns on compile.deepcompile, which compiles the whole model: "
+            "set train.step.compile to false (or auto) to leave the decoder layers to it"
+        )
     settings = {key: value for key, value in settings.items() if key not in DEEPSPEED_OWNED}
     settings.update(
         {
@@ -296,6 +311,14 @@ def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> 
     return settings
 
 
+def deepcompile(settings: dict[str, Any]) -> bool:
+    """Whether a DeepSpeed config turns on DeepCompile (`compile.deepcompile`; DeepSpeed 0.16.6 and later,
+    on CUDA): engine.compile() then compiles the model with ZeRO-3's all-gathers as graph operations
+    instead of module hooks."""
+    section = settings.get("compile")
+    return isinstance(section, dict) and section.get("deepcompile") is True
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks, found by the class names transformers marks as not to be split
     (`_no_split_modules`, e.g. Qwen2DecoderLayer)."""
@@ -307,9 +330,21 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def make_parallel(kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype) -> Parallel:
+def make_parallel(
+    kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+) -> Parallel:
     classes = {"ddp": Parallel, "fsdp": Fsdp, "deepspeed": DeepSpeed}
-    return classes[kind](peft_model, cfg, runtime, dtype)
+    return classes[kind](peft_model, cfg, runtime, dtype, sharding)
+
+
+def zero_stage(cfg: Any) -> int | None:
+    """The ZeRO stage of the run's DeepSpeed JSON (parallel: deepspeed), else None."""
+    if cfg.train.parallel != "deepspeed":
+        return None
+    settings = load_json(cfg.train.deepspeed_config, "deepspeed config")
+    zero = settings.get("zero_optimization") if isinstance(settings, dict) else None
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return stage if isinstance(stage, int) else None
 
 
 def _deepspeed_data_classes() -> list[Any]:

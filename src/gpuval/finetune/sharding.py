@@ -1,4 +1,5 @@
-"""How FSDP2 moves the frozen base's weights (`train.sharding`).
+"""How FSDP2 and ZeRO-3 move the frozen base's weights (`train.sharding`), decided once per run
+(`plan_sharding`, called by step.build_step before the memory estimate and the parallel wrapper).
 
 With LoRA the base is frozen: under `fsdp` its sharded weights are gathered for every micro-batch, and that
 gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 % of the model's size).
@@ -12,22 +13,26 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   the weights when the whole model's take at most KEEP_GATHERED_FRACTION of the GPU's memory: Qwen2-7B's
   15.2 GB of bf16 weights on an 80 GB H100 is 19 %; a 30B model's 61 GB is not kept.
 
-ZeRO-3 has no such setting here. DeepSpeed fetches its parameters module by module, from hooks on every
-submodule; marking each decoder layer as one fetch (DeepSpeed's z3 leaf modules, `set_z3_leaf_module`) was
-tried on 2026-11-27 with DeepSpeed 0.19.8 and failed in the first backward on two CPU ranks ("size of
-tensor a (0) must match" in a LoRA weight's AccumulateGrad). The cause is in DeepSpeed's design: a leaf
-module's trainable gradients are reduced from a full backward hook on the module
-(`DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks`), which fires once the gradient of
-the layer's input is ready; a LoRA weight whose AccumulateGrad autograd runs after that is given a
-zero-size placeholder gradient first, and its real gradient then cannot be added. Leaf modules suit layers
-whose trainable weights are all whole-layer experts (DeepSpeed's MoE case), not adapters inside a layer.
+- `zero3_frozen_leaves` (ZeRO-3). DeepSpeed fetches its parameters module by module, from hooks on every
+  submodule (two per module and pass, each with bookkeeping on the host). A "z3 leaf" module
+  (`deepspeed.utils.set_z3_leaf_module`) is fetched whole, by one all-gather, and its children get no
+  hooks. True marks as leaves the frozen submodules of each decoder layer that have children of their own:
+  Qwen2's MLP (gate, up and down: 87 % of a layer's weights) when LoRA targets the attention. A submodule
+  that holds a trainable weight is never a leaf: DeepSpeed reduces a leaf's trainable gradients from a
+  full backward hook on the module (`DeepSpeedZeroOptimizer_Stage3.create_reduce_and_remove_grad_hooks`),
+  which fires once the gradient of the module's input is ready; a LoRA weight whose AccumulateGrad runs
+  after that gets a zero-size placeholder gradient, and its real one then cannot be added (seen on two
+  CPU ranks with DeepSpeed 0.19.8 when whole decoder layers were leaves: "size of tensor a (0) must
+  match"). Leaves change which weights are gathered when, never the arithmetic.
 
-Source: FSDP2's `fully_shard` documentation
-(https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html).
+Sources: FSDP2's `fully_shard` documentation
+(https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
+(https://deepspeed.readthedocs.io/en/latest/zero3.html, "Leaf modules" under "Debugging").
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,3 +63,69 @@ def fsdp_note(reshard: bool, why: str) -> str:
     if reshard:
         return f" | fsdp: decoder layers reshard after forward, all but the last ({why})"
     return f" | fsdp: decoder layers keep their gathered weights until their backward ({why})"
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How this run's parallel mode moves the frozen base's weights, decided once (plan_sharding)."""
+
+    fsdp_reshard: bool  # fsdp: the decoder layers (all but the last) reshard after their forward
+    zero3_leaves: tuple[torch.nn.Module, ...]  # deepspeed stage 3: frozen submodules fetched whole
+    weights_sharded: bool  # each rank holds 1/world of the base's weights while it waits (memory.py)
+    note: str  # the start-up line's words (" | ..."), "" when there is nothing to say
+
+    @classmethod
+    def replicated(cls) -> ShardingPlan:
+        return cls(fsdp_reshard=False, zero3_leaves=(), weights_sharded=False, note="")
+
+
+def plan_sharding(
+    settings: Any,
+    parallel: str,
+    zero_stage: int | None,
+    model: torch.nn.Module,
+    layers: list[Any],
+    runtime: Any,
+) -> ShardingPlan:
+    """`train.sharding` resolved for `parallel` (`zero_stage`: the DeepSpeed JSON's, else None) and the
+    LoRA `model` with its decoder `layers`."""
+    if parallel == "fsdp":
+        reshard, why = fsdp_reshard(settings.fsdp_reshard_after_forward, model, runtime)
+        # layers that keep their gathered weights hold all of them at the turn from forward to backward
+        return ShardingPlan(reshard, (), weights_sharded=reshard, note=fsdp_note(reshard, why))
+    if parallel != "deepspeed":
+        return ShardingPlan.replicated()
+    if zero_stage != 3:
+        return ShardingPlan(False, (), weights_sharded=False, note="")
+    setting = settings.zero3_frozen_leaves
+    leaves = tuple(frozen_subtrees(layers)) if setting is not False else ()
+    why = "auto" if setting == "auto" else "set"
+    if not leaves:
+        none = ", none has a frozen submodule with children" if setting is not False else ""
+        return ShardingPlan(False, (), True, f" | zero3: every submodule fetched on its own ({why}{none})")
+    kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
+    return ShardingPlan(
+        False, leaves, True, f" | zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
+    )
+
+
+def frozen_subtrees(layers: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """In each decoder layer, the outermost submodules that have children and parameters, none trainable
+    (containers such as ModuleList never: their children are called, not they)."""
+    found: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        for child in module.children():
+            params = list(child.parameters())
+            if not params:
+                continue
+            container = isinstance(child, torch.nn.ModuleList | torch.nn.ModuleDict | torch.nn.Sequential)
+            has_children = next(child.children(), None) is not None
+            if has_children and not container and not any(p.requires_grad for p in params):
+                found.append(child)
+            else:
+                visit(child)
+
+    for layer in layers:
+        visit(layer)
+    return found

@@ -28,9 +28,9 @@ from gpuval.finetune.loss_head import FusedLossPart, LossHead
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, ties_output_head, token_ids
 from gpuval.finetune.packed_dropout import PackedDropoutPart
-from gpuval.finetune.parallel import decoder_layers, make_parallel
+from gpuval.finetune.parallel import decoder_layers, make_parallel, zero_stage
 from gpuval.finetune.parts import Decision, Part, StepContext
-from gpuval.finetune.sharding import fsdp_reshard
+from gpuval.finetune.sharding import plan_sharding
 from gpuval.finetune.split_products import SplitProductsPart
 from gpuval.runtime import Runtime
 
@@ -165,8 +165,11 @@ def build_step(
         cfg.lora.target_modules,
         token_ids(tokenizer, cfg.lora.trainable_tokens),
     )
+    sharding = plan_sharding(
+        cfg.train.sharding, cfg.train.parallel, zero_stage(cfg), model, decoder_layers(model), runtime
+    )
     checkpointing, checkpointing_why = _checkpointing(
-        cfg, model, runtime, dtype, ctx.decisions["fused_loss"].on
+        cfg, model, runtime, dtype, ctx.decisions["fused_loss"].on, sharding.weights_sharded
     )
     log(f"activation checkpointing: {'on' if checkpointing else 'off'} ({checkpointing_why})")
     if checkpointing:
@@ -181,7 +184,7 @@ def build_step(
             layer.compile()
     reports["compile"] = ctx.compiled
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parallel = make_parallel(cfg.train.parallel, model, cfg, runtime, dtype)
+    parallel = make_parallel(cfg.train.parallel, model, cfg, runtime, dtype, sharding)
     return Step(
         model=model,
         parallel=parallel,
@@ -195,18 +198,15 @@ def build_step(
 
 
 def _checkpointing(
-    cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool
+    cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool, sharded: bool
 ) -> tuple[bool, str]:
     """Whether to recompute activations, and why: the config's choice, or for `auto` the step's memory
-    estimate (finetune/memory.py) against this GPU's."""
+    estimate (finetune/memory.py) against this GPU's; `sharded`: each rank holds 1/world of the weights
+    (the sharding plan's `weights_sharded`)."""
     t = cfg.train
     if t.step.activation_checkpointing != "auto" or not runtime.on_gpu:
         return choose_checkpointing(t.step.activation_checkpointing, None, None)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    sharded = t.parallel == "deepspeed" or (
-        # FSDP2 layers that keep their gathered weights until the backward hold all of them at the turn
-        t.parallel == "fsdp" and fsdp_reshard(t.sharding.fsdp_reshard_after_forward, model, runtime)[0]
-    )
     estimate = estimate_step_memory(
         model.config,
         base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
