@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -325,10 +327,13 @@ def test_every_failure_gets_a_hint_for_its_hardware(name, metric, expected):
     assert expected in metrics.hint(name, metric)
 
 
-def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monkeypatch, capsys):
+def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monkeypatch, capsys, tmp_path):
     """The rank that fails says so on its own stderr at once (the other ranks may still be inside the
-    benchmark's collectives), and the run records an ERROR; later benchmarks are not run."""
+    benchmark's collectives), with the file that keeps its traceback, and the run records an ERROR; later
+    benchmarks are not run."""
     from types import SimpleNamespace
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the traceback goes
 
     from gpuval.bench import run as suite
 
@@ -342,8 +347,13 @@ def test_a_benchmark_that_raises_on_one_rank_is_an_error_said_by_that_rank(monke
     monkeypatch.setattr(suite, "all_benchmarks", lambda: benchmarks)
     runtime = SimpleNamespace(rank=1, node_name="n1", all_gather_object=lambda obj: [obj])
     outcome = suite.run_benchmarks(runtime, {"matmul": None, "membw": None}, quick=True)
-    reason = "matmul failed on rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
-    assert outcome.not_run["matmul"] == (Status.ERROR, reason)
+    status, reason = outcome.not_run["matmul"]
+    said = "matmul failed on rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    kept = re.fullmatch(re.escape(said) + r" \(traceback in (.+)\)", reason)
+    assert status is Status.ERROR and kept, reason
+    # the line names the exception; the file it names keeps where it was raised
+    traceback = Path(kept.group(1)).read_text(encoding="utf-8")
+    assert "in boom" in traceback and "illegal memory access was encountered\nmore" in traceback
     assert outcome.not_run["membw"] == (Status.ERROR, f"not run: an earlier benchmark failed ({reason})")
     assert outcome.error_nodes == {"matmul": {"n1"}, "membw": {"n1"}}  # where it broke: health may explain it
     assert capsys.readouterr().err == f"gpuval: {reason}\n"

@@ -18,6 +18,7 @@ from gpuval.bench.registry import BenchmarkSkipped, Context, all_benchmarks
 from gpuval.bench.registry import producers as registry_producers
 from gpuval.checkref import CheckRef
 from gpuval.config import Profile
+from gpuval.crash import save_traceback
 from gpuval.deadline import phase
 from gpuval.errors import UsageError
 from gpuval.results import Measurement, Status
@@ -131,10 +132,12 @@ def run_benchmarks(
             except BenchmarkSkipped as exc:
                 status = ("SKIP", str(exc))
             except Exception as exc:  # a crash inside a benchmark is an ERROR of the run, never a pass
+                where = save_traceback(exc)  # the line names the exception; the file keeps where it was
                 status = (
                     "ERROR",
                     f"{name} failed on rank {runtime.rank}: {type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                    + (f" (traceback in {where})" if where else ""),
                 )
                 # Said at once, by the rank it happened on: if the other ranks are still inside this
                 # benchmark's collectives, the next exchange breaks and this line is what explains it.
