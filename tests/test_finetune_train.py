@@ -499,17 +499,29 @@ def untied_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fused_config(
     train_file: Path, model: Path, output: Path, mode: str, accumulation: int, fuse_qkv: bool
 ) -> dict:
-    """The fused loss and split products on the untied model, 4 steps, under `mode`; fused q/k/v if asked."""
+    """The fused loss and split products on the untied model, 4 steps, under `mode`; fused q/k/v if asked.
+    LoRA on the attention, as the shipped recipe has it (ZeRO-3 then fetches each frozen MLP whole)."""
     parts = {"kernels": "liger-loss", "split_products": True, "fuse_qkv": fuse_qkv}
     settings: dict[str, object] = {"max_steps": 4, "grad_accum_steps": accumulation, "step": parts}
     if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
         # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
         settings["sharding"] = {"fsdp_reshard_after_forward": False}
     if mode == "deepspeed":
-        settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
+        settings["deepspeed_config"] = str(partition_everything(output.parent))
     data = config_dict(train_file, output, **settings, parallel=mode)
     data["model"] = str(model)
+    data["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     return data
+
+
+def partition_everything(folder: Path) -> Path:
+    """The shipped zero3.json with no weight kept whole on every rank: the tiny model's weights all fall
+    under its persistence threshold, and this test is about the partitioned ones."""
+    config = json.loads((REPO / "configs" / "finetune" / "deepspeed" / "zero3.json").read_text())
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
+    path = folder / "zero3-partition-everything.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
 
 
 @pytest.fixture(scope="module")
