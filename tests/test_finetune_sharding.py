@@ -54,14 +54,15 @@ def _plan(setting, model, layers, stage=3):
 
 def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_adapter():
     model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj"])
-    plan = _plan("auto", model, layers)
+    assert _plan("auto", model, layers).zero3_leaves == ()  # auto: off, as DeepSpeed's default
+    plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
     assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)
     assert all(m is layer.mlp for m, layer in zip(plan.zero3_leaves, layers, strict=True))
     assert plan.weights_sharded and f"zero3: {len(layers)} frozen submodules (Qwen2MLP)" in plan.note
     # LoRA on the MLP's projections too: no submodule with children is frozen, so none is fetched whole
     model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    plan = _plan("auto", model, layers)
+    plan = _plan(True, model, layers)
     assert plan.zero3_leaves == () and "none has a frozen submodule with children" in plan.note
     for leaf in frozen_subtrees(layers):
         assert not any(p.requires_grad for p in leaf.parameters())

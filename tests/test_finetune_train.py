@@ -506,8 +506,9 @@ def fused_config(
     if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
         # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
         settings["sharding"] = {"fsdp_reshard_after_forward": False}
-    if mode == "deepspeed":
+    if mode == "deepspeed":  # every weight partitioned, each layer's frozen MLP fetched whole
         settings["deepspeed_config"] = str(partition_everything(output.parent))
+        settings["sharding"] = {"zero3_frozen_leaves": True}
     data = config_dict(train_file, output, **settings, parallel=mode)
     data["model"] = str(model)
     data["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -562,7 +563,7 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
         assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
     else:  # each layer's frozen MLP fetched by one all-gather (LoRA is on the attention only)
         assert re.fullmatch(
-            r"zero3: \d+ frozen submodules \(Qwen2MLP\) fetched whole \(auto\)", summary["sharding"]
+            r"zero3: \d+ frozen submodules \(Qwen2MLP\) fetched whole \(set\)", summary["sharding"]
         )
     assert summary["world_size"] == 2 and summary["parallel"] == parallel
     assert sharded == pytest.approx(single, rel=1e-5)

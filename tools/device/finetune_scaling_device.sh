@@ -75,9 +75,10 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "ddp-2 2 --set parallel=ddp"
       ;;
     zero3)  # zero3.json keeps weights under 13 M elements whole on every rank (the adapter's, and Qwen2-7B's
-      # q, k, v and o: persistence threshold) and fetches each layer's frozen MLP whole
-      # (train.sharding.zero3_frozen_leaves, auto: on). Against: weights under 2 M kept (the adapter, k, v);
-      # the MLP module by module; on 2 GPUs; DeepCompile.
+      # q, k, v and o: persistence threshold). Runs named deepspeed-4/-2 were made while
+      # train.sharding.zero3_frozen_leaves' auto was on (each layer's frozen MLP fetched whole; auto is off
+      # since 2026-11-27, results/2026-11-27-h200x4-finetune-zero3/); against: weights under 2 M kept (the
+      # adapter, k, v); the MLP module by module; on 2 GPUs; DeepCompile.
       echo "1gpu 1"
       echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
       echo "deepspeed-persist2m-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-persist.json"
