@@ -225,6 +225,31 @@ def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
         train(cfg, runtime, save_adapter=False, quiet=True)
 
 
+def test_deepcompile_with_compiled_layers_is_refused_before_the_model_loads(
+    runtime, train_file, tmp_path, monkeypatch
+):
+    """A DeepSpeed JSON that turns on DeepCompile compiles the whole model: gpuval's own compiling of the
+    decoder layers on top of it is refused in one line, before any model is built; with `auto` the JSON's
+    compile section is passed on as it is."""
+    import gpuval.finetune.step as step_module
+    from gpuval.finetune.parallel import deepcompile, deepspeed_config
+
+    monkeypatch.setattr(step_module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    config = tmp_path / "zero3-dc.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3}, "compile": {"deepcompile": True}}))
+    settings = {"parallel": "deepspeed", "deepspeed_config": str(config)}
+    cfg = finetune_config_from_dict(
+        config_dict(train_file, tmp_path / "out", **settings, step={"compile": True})
+    )
+    with pytest.raises(
+        UsageError, match=r"^deepspeed config '.*zero3-dc\.json' turns on compile\.deepcompile"
+    ):
+        train(cfg, runtime, save_adapter=False, quiet=True)
+    cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / "out", **settings))
+    assert deepspeed_config(cfg, 2, torch.float32, False)["compile"] == {"deepcompile": True}
+    assert not deepcompile({"compile": True}) and not deepcompile({"compile": {"deepcompile": "yes"}})
+
+
 def test_a_loss_kernel_for_a_run_without_the_fused_loss_is_refused_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
