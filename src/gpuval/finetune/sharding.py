@@ -96,10 +96,8 @@ def plan_sharding(
         reshard, why = fsdp_reshard(settings.fsdp_reshard_after_forward, model, runtime)
         # layers that keep their gathered weights hold all of them at the turn from forward to backward
         return ShardingPlan(reshard, (), weights_sharded=reshard, note=fsdp_note(reshard, why))
-    if parallel != "deepspeed":
+    if parallel != "deepspeed" or zero_stage != 3:  # ddp, or ZeRO-1/2: every rank holds every weight
         return ShardingPlan.replicated()
-    if zero_stage != 3:
-        return ShardingPlan(False, (), weights_sharded=False, note="")
     setting = settings.zero3_frozen_leaves
     leaves = tuple(frozen_subtrees(layers)) if setting is True else ()  # auto: off (module docstring)
     why = "auto" if setting == "auto" else "set"
