@@ -15,6 +15,7 @@ from gpuval.finetune.sharding import (
     fsdp_reshard,
     plan_sharding,
     reshard_for_memory,
+    run_lora_whole,
 )
 
 GIB = 2**30
@@ -47,8 +48,8 @@ def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Modul
     return model, decoder_layers(model)
 
 
-def _plan(setting, model, layers, stage=3):
-    settings = ShardingSettings(zero3_frozen_leaves=setting)
+def _plan(setting, model, layers, stage=3, whole_lora="auto"):
+    settings = ShardingSettings(zero3_frozen_leaves=setting, zero3_whole_lora=whole_lora)
     return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
 
 
@@ -80,3 +81,55 @@ def test_zero3_leaves_off_when_set_false_or_not_stage_3_and_fsdp_decides_its_res
     kept = plan_sharding(ShardingSettings(fsdp_reshard_after_forward=False), "fsdp", None, model, layers, cpu)
     assert not kept.fsdp_reshard and not kept.weights_sharded and "keep their gathered" in kept.note
     assert plan_sharding(ShardingSettings(), "ddp", None, model, layers, cpu) == ShardingPlan.replicated()
+
+
+def _step(model, ids, seed):
+    """One forward and backward in training mode (LoRA dropout drawn from `seed`): loss, adapter grads."""
+    model.zero_grad()
+    torch.manual_seed(seed)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_lora_layers_kept_whole_run_peft_arithmetic_without_calling_their_submodules():
+    """run_lora_whole on the tiny model, where DeepSpeed's `ds_persist` mark (set after initialize on the
+    weights ZeRO-3 keeps whole) is given to k and v only: their LoRA layers then call none of their
+    submodules, q and o still do, and loss and every adapter gradient equal PEFT's own forward's with
+    LoRA dropout drawn from the same seed."""
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    model = apply_lora(load_model("tiny", torch.float32), 4, 8.0, 0.1, targets, [])
+    model.train()
+    ids = torch.randint(0, 3000, (2, 24), generator=torch.Generator().manual_seed(0))
+    expected = _step(model, ids, seed=7)
+    for name, p in model.named_parameters():
+        p.ds_persist = ".k_proj." in name or ".v_proj." in name
+    assert run_lora_whole(model) == 2 * len(decoder_layers(model))  # k and v of every layer
+    called: list[str] = []
+    for name, module in model.named_modules():
+        module.register_forward_pre_hook(lambda m, args, name=name: called.append(name))
+    loss, grads = _step(model, ids, seed=7)
+    torch.testing.assert_close(loss, expected[0], rtol=1e-6, atol=0)
+    assert grads.keys() == expected[1].keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[1][name], rtol=1e-6, atol=1e-7, msg=name)
+    inner = {".base_layer", ".lora_A.default", ".lora_B.default", ".lora_dropout.default"}
+    for layer in range(len(decoder_layers(model))):
+        attention = f"base_model.model.model.layers.{layer}.self_attn"
+        for projection in ("k_proj", "v_proj"):  # kept whole: the layer runs, its submodules do not
+            assert f"{attention}.{projection}" in called
+            assert not {f"{attention}.{projection}{part}" for part in inner} & set(called)
+        for projection in ("q_proj", "o_proj"):  # a weight ZeRO-3 partitions: PEFT's forward, as before
+            assert {f"{attention}.{projection}{part}" for part in inner} <= set(called)
+
+
+def test_lora_layers_stay_peft_when_a_weight_is_partitioned_or_the_layer_is_not_plain_lora():
+    model = apply_lora(load_model("tiny", torch.float32), 4, 8.0, 0.0, ["q_proj", "v_proj"], [])
+    assert run_lora_whole(model) == 0  # no ds_persist mark: nothing is known to be kept whole
+    for p in model.parameters():
+        p.ds_persist = True
+    layer = decoder_layers(model)[0].self_attn.q_proj
+    layer.use_dora["default"] = True  # a LoRA variant computes something else: left to PEFT
+    assert run_lora_whole(model) == 2 * len(decoder_layers(model)) - 1
+    assert "forward" not in vars(layer)
+    assert "forward" in vars(decoder_layers(model)[0].self_attn.v_proj)

@@ -531,21 +531,26 @@ def fused_config(
     if mode == "fsdp":  # layers that keep their gathered weights until the backward (the GPU's auto);
         # the resharding ones run in test_ddp_and_fsdp_on_two_ranks_...
         settings["sharding"] = {"fsdp_reshard_after_forward": False}
-    if mode == "deepspeed":  # every weight partitioned, each layer's frozen MLP fetched whole
-        settings["deepspeed_config"] = str(partition_everything(output.parent))
-        settings["sharding"] = {"zero3_frozen_leaves": True}
+    if mode == "deepspeed":  # q, o, the MLPs and the embeddings partitioned, each frozen MLP fetched whole;
+        # k, v and the adapter kept whole, their LoRA layers run as one module
+        settings["deepspeed_config"] = str(keep_kv_whole(output.parent))
+        settings["sharding"] = {"zero3_frozen_leaves": True, "zero3_whole_lora": True}
     data = config_dict(train_file, output, **settings, parallel=mode)
     data["model"] = str(model)
     data["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]
     return data
 
 
-def partition_everything(folder: Path) -> Path:
-    """The shipped zero3.json with no weight kept whole on every rank: the tiny model's weights all fall
-    under its persistence threshold, and this test is about the partitioned ones."""
+KV_WEIGHT = 192 * 96  # the tiny model's k and v projections (hidden 192, 3 K/V heads of 32): 18,432
+
+
+def keep_kv_whole(folder: Path) -> Path:
+    """The shipped zero3.json keeping whole only weights up to the tiny model's k and v projections (and
+    the adapter's): under the shipped threshold all its weights would be, and this test is about the
+    partitioned ones, with LoRA layers of both kinds."""
     config = json.loads((REPO / "configs" / "finetune" / "deepspeed" / "zero3.json").read_text())
-    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    path = folder / "zero3-partition-everything.json"
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = KV_WEIGHT
+    path = folder / "zero3-keep-kv-whole.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     return path
 
@@ -586,9 +591,12 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
     assert summary["fused_qkv"] is single_summary["fused_qkv"] is fuse_qkv, summary
     if parallel == "fsdp":
         assert summary["sharding"].startswith("fsdp: decoder layers keep their gathered weights"), summary
-    else:  # each layer's frozen MLP fetched by one all-gather (LoRA is on the attention only)
+    else:  # each layer's frozen MLP fetched by one all-gather (LoRA is on the attention only); k and v of
+        # each of the 6 layers kept whole, their LoRA layers run as one module
         assert re.fullmatch(
-            r"zero3: \d+ frozen submodules \(Qwen2MLP\) fetched whole \(set\)", summary["sharding"]
-        )
+            r"zero3: 6 frozen submodules \(Qwen2MLP\) fetched whole \(set\)"
+            r" \| zero3: 12 LoRA layers kept whole run as one module each",
+            summary["sharding"],
+        ), summary["sharding"]
     assert summary["world_size"] == 2 and summary["parallel"] == parallel
     assert sharded == pytest.approx(single, rel=1e-5)

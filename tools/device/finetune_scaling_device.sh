@@ -16,6 +16,8 @@
 #   PHASE=fsdpqkv bash tools/device/finetune_scaling_device.sh   # FSDP2 with and without fused q/k/v
 #   PHASE=zero3 bash tools/device/finetune_scaling_device.sh     # ZeRO-3: frozen MLPs fetched whole, the
 #                                                              # adapter kept whole, prefetch, DeepCompile
+#   PHASE=lora bash tools/device/finetune_scaling_device.sh      # ZeRO-3: LoRA layers kept whole as one
+#                                                              # module, twice each
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -85,6 +87,15 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-noleaves-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=false"
       echo "deepspeed-2 2 ${ZERO3[*]}"
       echo "deepspeed-deepcompile-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-deepcompile.json"
+      ;;
+    lora)  # ZeRO-3 running each LoRA layer it keeps whole as one module (sharding.zero3_whole_lora) against
+      # PEFT's five modules, with and without the frozen MLPs fetched whole; twice each, interleaved
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-whole-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=true"
+        echo "deepspeed-whole-leaves-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=true --set sharding.zero3_frozen_leaves=true"
+      done
       ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)

@@ -250,6 +250,13 @@ class ShardingSettings(_Strict):
         "is never fetched whole (finetune/sharding.py says why). auto: false (measured: no difference "
         "within ZeRO-3's spread)",
     )
+    zero3_whole_lora: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): run each LoRA layer whose weights ZeRO-3 keeps whole on "
+        "every rank (stage3_param_persistence_threshold) as one module, its base product, dropout, A and B "
+        "called as functions, so ZeRO-3 runs its fetch hooks on one module instead of five; the arithmetic "
+        "is PEFT's (finetune/sharding.py). auto: false until measured",
+    )
 
 
 class TrainSettings(_Strict):

@@ -29,7 +29,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import ShardingPlan
+from gpuval.finetune.sharding import ShardingPlan, run_lora_whole
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -227,6 +227,9 @@ class DeepSpeed(Parallel):
             config=ds_config,
             dist_init_required=False,
         )
+        if sharding.zero3_whole_lora:  # after initialize, which marks the weights it keeps whole
+            whole = run_lora_whole(peft_model)
+            self.note += f" | zero3: {whole} LoRA layers kept whole run as one module each"
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
             self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"

@@ -28,6 +28,18 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   GPU's tokens/s per GPU against 43.9 %, 45.1 % and 59.8 % without, in the same calls, no difference
   within ZeRO-3's spread (`benchmarks/results/2026-11-27-h200x4-finetune-zero3/`).
 
+- `zero3_whole_lora` (ZeRO-3). PEFT's LoRA layer is a module of five that run: the layer, its base
+  product, its dropout, A and B; DeepSpeed hooks each (four hook calls per module and micro-batch, each
+  with host bookkeeping), which for Qwen2-7B with LoRA on q, k, v and o is 20 of a decoder layer's 29
+  modules that run. When ZeRO-3 keeps every weight of a LoRA layer whole on every rank (its
+  `stage3_param_persistence_threshold`, which `configs/finetune/deepspeed/zero3.json` sets above the
+  attention projections), nothing needs fetching below the layer, so `run_lora_whole` replaces the layer's
+  `forward` (an instance attribute, as fused_qkv.py does) with PEFT's arithmetic on the weights: the base
+  product, the dropout, A and B called as functions. Only the layer's own hooks run. A layer with a weight
+  ZeRO-3 partitions, a LoRA variant (DoRA), several adapters, a bias on A, or a base that is not a plain
+  Linear keeps PEFT's forward. The adapter's parameters, their gradients and their reduction (DeepSpeed
+  reduces each trainable weight from a hook on its own gradient accumulation) are unchanged.
+
 Sources: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
 (https://deepspeed.readthedocs.io/en/latest/zero3.html, "Leaf modules" under "Debugging").
@@ -39,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 KEEP_GATHERED_FRACTION = 0.25  # of the GPU's memory: the whole model's weights at most this keep gathered
 
@@ -76,6 +89,7 @@ class ShardingPlan:
     zero3_leaves: tuple[torch.nn.Module, ...]  # deepspeed stage 3: frozen submodules fetched whole
     weights_sharded: bool  # each rank holds 1/world of the base's weights while it waits (memory.py)
     note: str  # the start-up line's words (" | ..."), "" when there is nothing to say
+    zero3_whole_lora: bool = False  # deepspeed stage 3: LoRA layers kept whole run as one module
 
     @classmethod
     def replicated(cls) -> ShardingPlan:
@@ -103,11 +117,12 @@ def plan_sharding(
     why = "auto" if setting == "auto" else "set"
     if not leaves:
         none = ", none has a frozen submodule with children" if setting is True else ""
-        return ShardingPlan(False, (), True, f" | zero3: every submodule fetched on its own ({why}{none})")
-    kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
-    return ShardingPlan(
-        False, leaves, True, f" | zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
-    )
+        note = f" | zero3: every submodule fetched on its own ({why}{none})"
+    else:
+        kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
+        note = f" | zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
+    whole = settings.zero3_whole_lora is True  # auto: off until measured (module docstring)
+    return ShardingPlan(False, leaves, True, note, zero3_whole_lora=whole)
 
 
 def frozen_subtrees(layers: list[torch.nn.Module]) -> list[torch.nn.Module]:
@@ -130,3 +145,59 @@ def frozen_subtrees(layers: list[torch.nn.Module]) -> list[torch.nn.Module]:
     for layer in layers:
         visit(layer)
     return found
+
+
+def run_lora_whole(model: torch.nn.Module) -> int:
+    """After `deepspeed.initialize` (which marks the weights it keeps whole `ds_persist`): give every PEFT
+    LoRA layer whose weights are all kept whole, and that runs plain LoRA, a forward computing PEFT's
+    arithmetic without calling its submodules (module docstring). Returns how many layers it changed."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    changed = 0
+    for layer in model.modules():
+        if not isinstance(layer, LoraLinear):
+            continue
+        if not all(getattr(p, "ds_persist", False) for p in layer.parameters()):
+            continue
+        adapter = _plain_adapter(layer)
+        if adapter is not None:
+            layer.forward = _whole_forward(layer, adapter)  # an instance attribute: PEFT's class stays
+            changed += 1
+    return changed
+
+
+def _plain_adapter(layer: Any) -> str | None:
+    """The layer's one adapter when it is plain LoRA on a plain Linear, else None."""
+    adapters = [a for a in layer.active_adapters if a in layer.lora_A]
+    if len(adapters) != 1 or layer.merged or layer.disable_adapters:
+        return None
+    if type(layer.base_layer) is not torch.nn.Linear:
+        return None
+    (adapter,) = adapters
+    if adapter in getattr(layer, "lora_variant", {}) or layer.use_dora.get(adapter, False):
+        return None
+    a, b = layer.lora_A[adapter], layer.lora_B[adapter]
+    if type(a) is not torch.nn.Linear or type(b) is not torch.nn.Linear or a.bias is not None:
+        return None
+    return adapter
+
+
+def _whole_forward(layer: Any, adapter: str) -> Any:
+    """PEFT's `lora.Linear.forward` for one plain adapter (peft/tuners/lora/layer.py), submodules called as
+    functions: base(x) + B(A(dropout(x))) · scaling, x cast to the adapter's dtype, the sum returned in the
+    base output's dtype. A dropout module that is not torch's Dropout or Identity is still called."""
+    base, a, b = layer.base_layer, layer.lora_A[adapter], layer.lora_B[adapter]
+    dropout, scaling = layer.lora_dropout[adapter], layer.scaling[adapter]
+
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs:  # PEFT passes these to the base layer, which a plain Linear does not take
+            raise TypeError(f"{type(layer).__name__}.forward under zero3_whole_lora takes the input only")
+        result = F.linear(x, base.weight, base.bias)
+        lora_x = layer._cast_input_dtype(x, a.weight.dtype)
+        if type(dropout) is torch.nn.Dropout:
+            lora_x = F.dropout(lora_x, dropout.p, dropout.training, dropout.inplace)
+        elif type(dropout) is not torch.nn.Identity:
+            lora_x = dropout(lora_x)
+        return (result + F.linear(F.linear(lora_x, a.weight), b.weight, b.bias) * scaling).to(result.dtype)
+
+    return forward
