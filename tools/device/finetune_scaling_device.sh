@@ -18,6 +18,7 @@
 #                                                              # adapter kept whole, prefetch, DeepCompile
 #   PHASE=lora bash tools/device/finetune_scaling_device.sh      # ZeRO-3: LoRA layers kept whole as one
 #                                                              # module, twice each
+#   PHASE=overlap bash tools/device/finetune_scaling_device.sh   # and ZeRO-3's fetches overlapped
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -97,6 +98,16 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-whole-leaves-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=true --set sharding.zero3_frozen_leaves=true"
       done
       ;;
+    overlap)  # LoRA layers run whole (above), with ZeRO-3's fetches on a stream of their own (overlap_comm),
+      # with and without the frozen MLPs fetched whole; twice each, interleaved
+      local whole="${ZERO3[*]} --set sharding.zero3_whole_lora=true"
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-whole-$GPUS-r$round $GPUS $whole"
+        echo "deepspeed-whole-overlap-$GPUS-r$round $GPUS $whole --set deepspeed_config=$W/zero3-overlap.json"
+        echo "deepspeed-whole-leaves-overlap-$GPUS-r$round $GPUS $whole --set deepspeed_config=$W/zero3-overlap.json --set sharding.zero3_frozen_leaves=true"
+      done
+      ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)
       echo "deepspeed-deepcompile-torch-$GPUS $GPUS ${ZERO3[*]} --set step.kernels=torch --set deepspeed_config=$W/zero3-deepcompile.json"
@@ -169,6 +180,7 @@ write("zero3-persist", stage3_param_persistence_threshold=2_000_000)
 write("zero3-persist-prefetch", stage3_param_persistence_threshold=2_000_000,
       stage3_prefetch_bucket_size=500_000_000, stage3_max_live_parameters=3_000_000_000)
 write("zero3-deepcompile", {"deepcompile": True})
+write("zero3-overlap", overlap_comm=True)
 PY
 
 if [ "$PHASE" = two ]; then  # the shipped recipe's data (synthetic Glaive records, prepared)
