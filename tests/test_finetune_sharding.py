@@ -56,6 +56,13 @@ def _plan(setting, model, layers, stage=3, whole_lora="auto"):
 def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_adapter():
     model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj"])
     assert _plan("auto", model, layers).zero3_leaves == ()  # auto: off, as DeepSpeed's default
+    # LoRA layers kept whole run as one module unless set false; never outside ZeRO-3
+    assert (
+        _plan("auto", model, layers).zero3_whole_lora
+        and _plan(True, model, layers, whole_lora=True).zero3_whole_lora
+    )
+    assert not _plan("auto", model, layers, whole_lora=False).zero3_whole_lora
+    assert not _plan("auto", model, layers, stage=2).zero3_whole_lora
     plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
     assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)

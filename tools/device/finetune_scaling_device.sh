@@ -19,6 +19,8 @@
 #   PHASE=lora bash tools/device/finetune_scaling_device.sh      # ZeRO-3: LoRA layers kept whole as one
 #                                                              # module, twice each
 #   PHASE=overlap bash tools/device/finetune_scaling_device.sh   # and ZeRO-3's fetches overlapped
+#   PHASE=whole bash tools/device/finetune_scaling_device.sh     # zero3.json as shipped against PEFT's
+#                                                              # modules, twice each
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -97,6 +99,15 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-whole-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=true"
         echo "deepspeed-whole-leaves-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=true --set sharding.zero3_frozen_leaves=true"
       done
+      ;;
+    whole)  # zero3.json as shipped (LoRA layers kept whole run as one module: auto) against PEFT's modules
+      # (zero3_whole_lora=false), interleaved, twice each; then with the frozen MLPs fetched whole
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-peft-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_whole_lora=false"
+      done
+      echo "deepspeed-leaves-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true"
       ;;
     overlap)  # LoRA layers run whole (above), with ZeRO-3's fetches on a stream of their own (overlap_comm),
       # with and without the frozen MLPs fetched whole; twice each, interleaved
