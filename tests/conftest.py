@@ -248,16 +248,22 @@ def _lock(path: Path, operation: int) -> int:
     return fd
 
 
+SHARED_LOCKS = "GPUVAL_TESTS_LOCKS"  # a path stem: test runs started with the same one share the CPU lock
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Where workers run, each test's setup, call and teardown hold the run's CPU lock: shared, or alone for
     a `serial` test, so no other test runs beside it. A test takes the turnstile before the CPU lock, and a
-    serial one keeps it while it waits, so new tests cannot keep it waiting."""
+    serial one keeps it while it waits, so new tests cannot keep it waiting. Runs started with the same
+    GPUVAL_TESTS_LOCKS share one lock (.ci/run's two torch versions at once)."""
     if not hasattr(item.config, "workerinput"):
         yield
         return
     alone = item.get_closest_marker("serial") is not None
-    base = _run_files(item.config.workerinput["testrunuid"])
+    # .ci/run runs the lowest torch's tests beside the full suite: both take the locks it names
+    shared = os.environ.get(SHARED_LOCKS)
+    base = Path(shared) if shared else _run_files(item.config.workerinput["testrunuid"])
     turnstile = _lock(base.with_suffix(".turnstile"), fcntl.LOCK_EX)
     cpu = _lock(base.with_suffix(".cpu"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     if not alone:
@@ -427,13 +433,16 @@ NEEDS_CPU_ROWWISE_FP8 = "this torch's CPU _scaled_mm takes per-tensor scales onl
 
 @pytest.fixture(scope="session")
 def cpu_accept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """(proc, OUT) of `gpuval accept --quick --output OUT` on this machine (the cpu profile, two gloo ranks),
-    which test_accept, test_metrics and test_report read: made once per test run (made_once). Every worker
-    reads the same folder: copy a file before changing it or writing beside it."""
+    """(proc, OUT) of `gpuval accept --quick --output OUT --set health.shared_dir=OUT/../shared` on this
+    machine (the cpu profile, two gloo ranks, a shared directory to check), which test_accept, test_metrics
+    and test_report read: made once per test run (made_once). Every worker reads the same folder: copy a
+    file before changing it or writing beside it."""
 
     def make(folder: Path) -> dict:
-        out = folder / "out"
-        proc = run_cli(["accept", "--quick", "--output", str(out)], folder, timeout=240)
+        out, shared = folder / "out", folder / "shared"
+        shared.mkdir()
+        args = ["accept", "--quick", "--output", str(out), "--set", f"health.shared_dir={shared}"]
+        proc = run_cli(args, folder, timeout=240)
         return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr, "out": str(out)}
 
     run = made_once(tmp_path_factory, "cpu-accept", make)

@@ -405,12 +405,9 @@ def test_gpus_expected_on_a_machine_without_any_run_no_benchmark_on_the_cpu(tmp_
 
 
 @pytest.mark.dist
-def test_shared_directory_is_checked_when_the_profile_names_one(tmp_path, gpuval):
-    out, shared = tmp_path / "out", tmp_path / "shared"
-    shared.mkdir()
-    proc = gpuval(
-        ["accept", "--quick", "--output", str(out), "--set", f"health.shared_dir={shared}"], tmp_path
-    )
+def test_shared_directory_is_checked_when_the_profile_names_one(two_ranks):
+    proc, out = two_ranks  # tests/conftest.py's one accept run names a shared directory
+    shared = out.parent / "shared"
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "result.json").read_text())
     [fs] = [c for c in result["checks"] if c["name"] == "fleet.shared_fs"]
