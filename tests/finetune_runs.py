@@ -41,19 +41,30 @@ def own_runtime() -> Iterator[Runtime]:
 def run_worker(program: list[str], folder: Path, name: str, config: dict) -> tuple[list, dict]:
     """One fine-tune through tests/dist/train_worker.py under `program` (python, or torchrun with its
     arguments): its per-step losses and rank 0's summary."""
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    out = folder / f"{name}.json"
+    return run_workers(program, folder, {name: config})[name]
+
+
+def run_workers(program: list[str], folder: Path, configs: dict[str, dict]) -> dict[str, tuple[list, dict]]:
+    """Fine-tunes one after another in one launch of tests/dist/train_worker.py under `program`: for each
+    name, its per-step losses and rank 0's summary."""
+    args = []
+    for name, config in configs.items():
+        path = folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        args += [str(path), str(folder / f"{name}.json")]
     proc = subprocess.run(
-        [*program, str(WORKER), str(path), str(out)],
+        [*program, str(WORKER), *args],
         env=cli_env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=180 * len(configs),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    summary = json.loads(out.read_text(encoding="utf-8"))
-    return [s["loss"] for s in summary["steps"]], summary
+    runs = {}
+    for name in configs:
+        summary = json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+        runs[name] = [s["loss"] for s in summary["steps"]], summary
+    return runs
 
 
 def run_alone(config: dict) -> tuple[list, dict]:

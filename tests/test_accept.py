@@ -94,14 +94,15 @@ def test_two_rank_result_json(two_ranks):
     assert document["command"][:2] == ["gpuval", "accept"]
     benchmark = bench_checks(document)
     assert benchmark and all(c["status"] in ("PASS", "WARN") for c in benchmark), benchmark
-    # no NVIDIA driver here: the GPU health families SKIP with that reason; count and SDC can still pass
+    # no NVIDIA driver here: the GPU health families SKIP with that reason; count, SDC and the shared
+    # directory the run names can still pass
+    passing = ("expect.gpu_count", "sdc.bitwise", "fleet.shared_fs")
     for check in document["checks"]:
-        if check not in benchmark and check["name"] not in ("expect.gpu_count", "sdc.bitwise"):
+        if check not in benchmark and check["name"] not in passing:
             assert check["status"] == "SKIP", check
             assert "no NVIDIA driver" in check["detail"] or "InfiniBand" in check["detail"], check
-    assert {c["status"] for c in document["checks"] if c["name"] in ("expect.gpu_count", "sdc.bitwise")} == {
-        "PASS"
-    }
+    assert {c["status"] for c in document["checks"] if c["name"] in passing} == {"PASS"}
+    assert {c["name"] for c in document["checks"] if c["name"] in passing} == set(passing)
 
 
 def bench_checks(document: dict) -> list[dict]:

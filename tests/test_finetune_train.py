@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from conftest import cli_env  # noqa: E402
-from finetune_runs import WORKER, own_runtime, run_alone, run_worker  # noqa: E402
+from finetune_runs import WORKER, own_runtime, run_alone, run_worker, run_workers  # noqa: E402
 
 from gpuval.config import deep_merge  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
@@ -149,8 +149,10 @@ def test_ddp_and_fsdp_on_two_ranks_equal_one_process_with_twice_the_accumulation
 
     torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
     single, single_summary = run_alone(config(4, "single"))
-    ddp, ddp_summary = run_worker(torchrun, tmp_path, "ddp", config(2, "ddp"))
-    fsdp, fsdp_summary = run_worker(torchrun, tmp_path, "fsdp", config(2, "fsdp", parallel="fsdp"))
+    runs = run_workers(
+        torchrun, tmp_path, {"ddp": config(2, "ddp"), "fsdp": config(2, "fsdp", parallel="fsdp")}
+    )
+    (ddp, ddp_summary), (fsdp, fsdp_summary) = runs["ddp"], runs["fsdp"]
     assert ddp_summary["world_size"] == fsdp_summary["world_size"] == 2 and single_summary["world_size"] == 1
     assert ddp_summary["global_batch_packs"] == single_summary["global_batch_packs"] == 4
     assert ddp == pytest.approx(single, rel=1e-5)
@@ -328,7 +330,7 @@ def test_two_ranks_diverging_both_stop_at_the_same_step_with_exit_3(train_file, 
     config.write_text(yaml.safe_dump(data), encoding="utf-8")
     torchrun = [str(TORCHRUN), "--standalone", "--nproc_per_node=2"]
     proc = subprocess.run(
-        [*torchrun, str(WORKER), str(config), str(tmp_path / "out.json"), "1e30"],
+        [*torchrun, str(WORKER), str(config), str(tmp_path / "out.json"), "--lr", "1e30"],
         env=cli_env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,

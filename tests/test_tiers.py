@@ -118,6 +118,9 @@ def test_under_workers_a_serial_test_runs_alone_and_a_modules_fixture_is_made_on
     pytester, monkeypatch, tmp_path
 ):
     monkeypatch.setenv("GPUVAL_TEST_SPANS", str(tmp_path))
+    # the inner run's locks are its own: under a lock shared with this run (.ci/run's GPUVAL_TESTS_LOCKS),
+    # its serial test would wait for this test, which holds that lock's shared side while it waits for it
+    monkeypatch.delenv("GPUVAL_TESTS_LOCKS", raising=False)
     pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
     pytester.makepyfile(test_inner=SPANS)
     settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]

@@ -55,9 +55,9 @@ def test_the_readme_runs_the_tests_as_ci_does_and_the_torch_version_modules_exis
 
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     ran = [
-        line.replace(" -p no:cacheprovider", "")
+        line.strip().replace(" -p no:cacheprovider", "")
         for line in ci.splitlines()
-        if re.match(r"\.venv(-lowest)?/bin/python -m pytest\b", line)
+        if re.match(r"\s*\.venv(-lowest)?/bin/python -m pytest\b", line)
     ]
     block = (REPO / "README.md").read_text(encoding="utf-8").split("```bash\n", 1)[1].split("```", 1)[0]
     given = [line.split("#")[0].strip() for line in block.splitlines() if " -m pytest" in line]
