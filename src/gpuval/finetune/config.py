@@ -255,7 +255,8 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): run each LoRA layer whose weights ZeRO-3 keeps whole on "
         "every rank (stage3_param_persistence_threshold) as one module, its base product, dropout, A and B "
         "called as functions, so ZeRO-3 runs its fetch hooks on one module instead of five; the arithmetic "
-        "is PEFT's (finetune/sharding.py). auto: true (measured: 9 to 23 points of one GPU's rate more)",
+        "is PEFT's (finetune/sharding.py). auto: true (measured: 9 to 23 points of one GPU's rate more on "
+        "2 GPUs, no difference on 4)",
     )
 
 

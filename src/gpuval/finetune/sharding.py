@@ -41,7 +41,8 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   reduces each trainable weight from a hook on its own gradient accumulation) are unchanged. `auto` is on:
   on 2×H200 (two calls, 2026-11-27/28) it gave 64.9 %, 74.4 %, 65.2 % and 67.2 % of one GPU's tokens/s
   per GPU against 56.0 % and 51.2 % without it in the same call
-  (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-lora/`).
+  (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-lora/`); on 4×H200 58.5 % and 68.9 % against
+  57.3 % and 68.6 %, no difference (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-whole/`).
 
 Sources: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
