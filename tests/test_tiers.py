@@ -8,6 +8,10 @@ Each case runs pytest in-process (pytester) on a small test file, under this rep
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,3 +152,65 @@ def test_the_inner_loop_runs_a_worker_per_core_and_the_full_run_four(monkeypatch
     assert [workers("", 2), workers("", 64), workers("dist or slurm", 2)] == [4, 4, 4]
     assert [workers("not slow", 2), workers("not slow", 1), workers("not slow", None)] == [2, 1, 1]
     assert workers("not slow and not browser", 64) == 4
+
+
+BUSY = """
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("n", range(24))
+def test_busy(n):
+    began = time.time()
+    time.sleep(1.0)
+    Path(os.environ["GPUVAL_TEST_SPANS"], f"busy{n}").write_text(json.dumps([began, time.time()]))
+"""
+
+ALONE = """
+import json, os, time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.serial
+def test_alone():
+    began = time.time()
+    time.sleep(0.4)
+    Path(os.environ["GPUVAL_TEST_SPANS"], "alone").write_text(json.dumps([began, time.time()]))
+"""
+
+
+@pytest.mark.slow
+def test_two_runs_that_name_one_lock_never_run_a_serial_test_beside_the_others_tests(pytester, tmp_path):
+    """.ci/run's two torch versions at once (GPUVAL_TESTS_LOCKS): a serial test of the second run, started
+    while the first run's tests are running, runs after they end and before its next ones start."""
+    pytester.makeconftest((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    pytester.makepyfile(test_busy=BUSY, test_alone=ALONE)
+    settings = ["-c", str(PYPROJECT), "--rootdir", str(pytester.path), "-p", "no:cacheprovider"]
+
+    def start(module: str, spans: Path) -> subprocess.Popen:
+        spans.mkdir()
+        env = {**os.environ, "GPUVAL_TESTS_LOCKS": str(tmp_path / "locks"), "GPUVAL_TEST_SPANS": str(spans)}
+        args = [sys.executable, "-m", "pytest", *settings, "-p", "no:hypothesispytest", "-n", "2", module]
+        return subprocess.Popen(
+            args, cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+
+    busy = start("test_busy.py", tmp_path / "busy")
+    deadline = time.monotonic() + 120
+    while not any((tmp_path / "busy").iterdir()):  # its first tests have run: the others are running now
+        assert time.monotonic() < deadline and busy.poll() is None, busy.communicate()[0].decode()[-3000:]
+        time.sleep(0.05)
+    alone = start("test_alone.py", tmp_path / "alone")
+    for proc in (busy, alone):
+        out = proc.communicate(timeout=180)[0].decode()
+        assert proc.returncode == 0, out[-3000:]
+    began, ended = json.loads((tmp_path / "alone" / "alone").read_text())
+    spans = [json.loads(path.read_text()) for path in (tmp_path / "busy").iterdir()]
+    assert len(spans) == 24
+    assert [span for span in spans if span[0] < ended and span[1] > began] == []
+    # the serial test came while the other run's tests were running, not after all of them
+    assert any(span[0] > ended for span in spans), (began, ended, sorted(spans))
