@@ -255,6 +255,52 @@ def test_killhook_inert_without_matching_rank(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
+class _Writes:
+    """A pipe's end as rich sees it: not a terminal, every write kept apart."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("make", ["accept", "eval"])
+def test_a_progress_display_into_a_pipe_ends_each_write_with_a_whole_line(make, monkeypatch):
+    """A rank the launcher stops between two writes must not leave a line open for the launcher's one
+    `gpuval:` line to be glued to (CI once saw `⠹ collectives … 0:00:00gpuval: rank 1 died …`)."""
+    from rich.console import Console
+
+    from gpuval.cli import options
+    from gpuval.report import finetune as report_finetune
+
+    sink = _Writes()
+    console = Console(file=sink, width=80)
+    if make == "accept":
+        monkeypatch.setattr(options, "err_console", console)
+        bar = options.progress()
+        with bar:
+            task = bar.add_task("all_reduce 4096 B", total=2, bench="collectives")
+            bar.advance(task)
+            bar.console.print("gpuval: collectives failed on rank 0")
+    else:
+        monkeypatch.setattr(report_finetune, "Console", lambda **_: console)
+        bar = report_finetune.eval_progress()
+        task = bar.add_task("held-out", total=4)
+        bar.advance(task)
+        bar.stop()
+    frames = [text for text in sink.writes if text]
+    assert any("━" in text for text in frames), frames  # the last frame was written …
+    assert all(text.endswith("\n") for text in frames), frames  # … with the newline that ends it
+
+
 @pytest.mark.dist
 def test_dead_rank_bench(tmp_path, tmp_path_factory):
     out = tmp_path / "bench.json"

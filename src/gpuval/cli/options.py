@@ -91,9 +91,11 @@ def say(text: str, *, err: bool = False, soft_wrap: bool = False) -> None:
 
 def progress() -> Progress:
     """The progress bars of accept and bench, on stderr so that stdout stays the result."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(
+    from gpuval.report.console import WholeLineProgress
+
+    return WholeLineProgress(
         SpinnerColumn(),
         TextColumn("[bold]{task.fields[bench]}"),
         BarColumn(),

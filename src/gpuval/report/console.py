@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement as Span  # gpuval.results has a Measurement of its own
+from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
@@ -26,6 +27,20 @@ STYLE = {
     Status.SKIP: "dim",
 }
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
+
+
+class WholeLineProgress(Progress):
+    """rich's Progress, whose last frame ends its line in the same write.
+
+    Into a pipe or a file, rich writes the final frame and then, in a second write, the newline that ends
+    it. A rank stopped between the two (the launcher stops the others when one dies) left the line open,
+    and the launcher's one `gpuval:` line was glued to the end of a progress bar. Inside the console's
+    buffer both go out in one write.
+    """
+
+    def stop(self) -> None:
+        with self.console:
+            super().stop()
 
 
 # A hint column narrower than this wraps a word or two a line (7 characters at 80 columns): the hints go

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from gpuval.report.console import WholeLineProgress
 
 # The metrics a person reads first, in the table's column order, with short headers that fit 80 columns.
 TABLE_METRICS = (
@@ -54,10 +56,10 @@ class ExamplesPerSecond(ProgressColumn):
         return Text(f"{speed:.1f} examples/s" if speed else "- examples/s")
 
 
-def eval_progress() -> Progress:
+def eval_progress() -> WholeLineProgress:
     """Started bars on stderr, one per task (split and model): examples done of this rank's share,
     examples/s, elapsed."""
-    progress = Progress(
+    progress = WholeLineProgress(
         "{task.description}",
         BarColumn(),
         MofNCompleteColumn(),
