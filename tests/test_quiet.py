@@ -27,6 +27,27 @@ def test_warnings_and_library_logging_land_in_the_file_not_on_stderr(tmp_path):
         assert "transformers.modeling_utils WARNING: Some weights were not initialized" in text
 
 
+def test_transformers_loaded_after_the_routing_is_quiet_too_and_not_loaded_by_it(tmp_path):
+    """accept and bench ranks route before anything loads transformers, and most never load it: the routing
+    must not load it (a second of CPU per rank), yet its handler and bars must follow once something does."""
+    script = (
+        "import sys\n"
+        "from gpuval.quiet import route_third_party_output\n"
+        f"route_third_party_output({str(tmp_path)!r})\n"
+        "assert 'transformers' not in sys.modules and 'huggingface_hub' not in sys.modules\n"
+        "from transformers.utils import logging\n"
+        "logging.get_logger('transformers.modeling_utils').warning('Some weights were not initialized')\n"
+        "for _ in logging.tqdm(range(3), desc='Loading weights'):\n"
+        "    pass\n"
+        "print('gpuval line', file=sys.stderr)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "gpuval line"  # no warning, no loading bar on the console
+    text = (tmp_path / "third_party.log").read_text(encoding="utf-8")
+    assert "transformers.modeling_utils WARNING: Some weights were not initialized" in text
+
+
 def test_a_second_call_moves_the_output_without_doubling_it(tmp_path):
     from gpuval.quiet import route_third_party_output
 

@@ -8,10 +8,16 @@ a warning one rank alone raises is kept, and no two processes append to one file
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import logging
 import os
+import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 LOG_NAME = "third_party.log"
 _LOGGERS = ("py.warnings", "transformers", "huggingface_hub", "peft", "accelerate", "datasets", "torch")
@@ -64,17 +70,56 @@ def route_third_party_output(folder: str | Path, rank: int = 0) -> Path:
         logger.propagate = False
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.INFO)
-    try:  # transformers' own stderr handler and its loading bars
-        from transformers.utils import logging as hf_logging
+    # huggingface_hub's loading bars, and transformers', which follow the hub's switch when transformers is
+    # imported: the variable where the hub is not loaded yet, its switch where it is
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "huggingface_hub" in sys.modules:
+        _hub_bars_off()
+    # transformers' own stderr handler: removed now where transformers is loaded, else right after it
+    # loads. Importing it here would cost every accept and bench rank about a second of CPU for a library
+    # that only the train benchmark and the fine-tune load.
+    if "transformers.utils.logging" in sys.modules:
+        _transformers_quiet()
+    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("transformers.utils.logging", _transformers_quiet))
+    return path
 
-        hf_logging.disable_default_handler()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
+
+def _hub_bars_off() -> None:
     try:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
     except ImportError:
         pass
-    return path
+
+
+def _transformers_quiet() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.disable_progress_bar()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then()` once the module `name` has been executed, whoever imports it: the finder steps aside
+    for the real one and wraps the loader it returns."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # once, and never for the lookup below
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        load, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: ModuleType) -> None:
+            load(module)  # the import system put the module in sys.modules before: `then` imports it
+            then()
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
