@@ -122,13 +122,50 @@ TORCH_VERSION_MODULES = frozenset(
 )
 
 
+# Tests of those modules that the lowest torch leaves out: each one's torch-facing part is what a test that
+# does run there already proves of the release (named on its line), and the rest is gpuval's own logic,
+# which the CPU build's run tests. `module::test` or `module::test[parameters]`; test_versions.py checks that
+# each still names a test.
+NOT_ON_THE_LOWEST = {
+    # FSDP2 on the release: test_ddp_and_fsdp_on_two_ranks...; the fused loss: test_finetune_kernels.py
+    "test_finetune_train.py::test_the_fused_loss_and_split_products_under_sharding_equal_one_process[fsdp]",
+    # two gloo ranks stopping together: test_ddp_and_fsdp_on_two_ranks...; the rest is the trainer's logic
+    "test_finetune_train.py::test_two_ranks_diverging_both_stop_at_the_same_step_with_exit_3",
+    # the launcher's signal handling (LaunchConfig's signals_to_handle): the SIGTERM case
+    "test_lifecycle.py::test_a_signal_to_the_launcher_stops_every_rank_with_one_line[2-130]",
+    # a rank that stops answering: the [stop] case; a rank that dies: test_runtime's dead_rank_accept
+    "test_lifecycle.py::test_a_hung_rank_ends_a_self_launched_accept_with_exit_3[sleep]",
+    "test_lifecycle.py::test_a_stopped_rank_ends_gpuval_bench_with_exit_3",
+    "test_lifecycle.py::test_a_stopped_rank_ends_a_two_rank_finetune_with_exit_3",
+    "test_lifecycle.py::test_a_stopped_rank_ends_accept_under_external_torchrun",
+    # gpuval's error reports; a rank that fails under the launcher: test_dead_rank_accept
+    "test_crash.py::test_an_unforeseen_error_in_the_launcher_is_exit_3_with_an_error_result",
+    "test_crash.py::test_an_unforeseen_error_in_rank_0_is_exit_3_with_an_error_result",
+    "test_crash.py::test_an_unforeseen_error_in_another_rank_is_exit_3_in_one_line",
+    "test_crash.py::test_an_unforeseen_error_in_bench_is_exit_3_with_its_document_saying_error",
+    "test_runtime.py::test_dead_rank_bench",
+    "test_runtime.py::test_local_turns_let_one_rank_per_node_work_at_a_time",  # file locks, not torch
+    # gloo's collectives and subgroups at 3 ranks: test_every_op_exact_at_three_ranks and the world3 tests
+    "test_collectives.py::test_scope_node_splits_two_nodes",
+    "test_collectives.py::test_scope_node_isolates_the_faulty_node",
+    "test_collectives.py::test_world_scope_after_node_groups",
+    # the trainer on the release: test_finetune_train.py; the benchmark's own arithmetic runs in-process
+    "test_bench_train.py::test_bench_train_on_cpu_trains_and_reports",
+    # the compiled dropout on the release: test_the_compiled_dropout...; resuming: test_finetune_train.py
+    "test_finetune_packed_dropout.py::test_a_run_with_packed_dropout_resumes_to_the_uninterrupted_runs_losses_and_weights",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out; a test of a
-    TORCH_VERSION_MODULES module is torch_version. Under parallel workers: _share_out."""
+    TORCH_VERSION_MODULES module is torch_version, less NOT_ON_THE_LOWEST. Under parallel workers:
+    _share_out."""
     for item in items:
         if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in ALSO_SLOW):
             item.add_marker(pytest.mark.slow)
-        if item.path.name in TORCH_VERSION_MODULES:
+        names = {f"{item.path.name}::{item.name}", f"{item.path.name}::{item.originalname}"}
+        left_out = names & NOT_ON_THE_LOWEST
+        if item.path.name in TORCH_VERSION_MODULES and not left_out:
             item.add_marker(pytest.mark.torch_version)
     if hasattr(config, "workerinput"):  # an xdist worker: each collects, and all order alike
         _share_out(config, items)

@@ -65,6 +65,17 @@ def test_the_readme_runs_the_tests_as_ci_does_and_the_torch_version_modules_exis
     assert sorted(name for name in TORCH_VERSION_MODULES if not (REPO / "tests" / name).is_file()) == []
 
 
+def test_each_test_the_lowest_torch_leaves_out_is_there() -> None:
+    """A renamed test would silently come back to the lowest torch's run: each name still names one."""
+    from conftest import NOT_ON_THE_LOWEST, TORCH_VERSION_MODULES
+
+    for name in sorted(NOT_ON_THE_LOWEST):
+        module, test = name.split("::")
+        assert module in TORCH_VERSION_MODULES, name
+        source = (REPO / "tests" / module).read_text(encoding="utf-8")
+        assert re.search(rf"^def {re.escape(test.split('[')[0])}\(", source, re.M), name
+
+
 def test_the_readme_setup_makes_the_venv_then_puts_ci_s_torch_in_it_as_the_cpu_build() -> None:
     """The setup once said to install torch "before the line above", the line that makes the venv, and the
     bare pin took a CUDA build wherever no CPU wheel lay on disk (issue 36): now the venv comes first, then
