@@ -21,6 +21,7 @@ SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer e
     "train.max_steps=100",
     "train.save.every_steps=0",
     "eval.max_examples=40",
+    "eval.base_max_examples=16",  # the base, which never stops before max_new_tokens: one batch a split
 ]
 
 
