@@ -151,8 +151,11 @@ NOT_ON_THE_LOWEST = {
     "test_collectives.py::test_world_scope_after_node_groups",
     # the trainer on the release: test_finetune_train.py; the benchmark's own arithmetic runs in-process
     "test_bench_train.py::test_bench_train_on_cpu_trains_and_reports",
-    # the compiled dropout on the release: test_the_compiled_dropout...; resuming: test_finetune_train.py
+    # resuming: test_finetune_train.py; the packed dropout's own arithmetic: this module's in-process tests
     "test_finetune_packed_dropout.py::test_a_run_with_packed_dropout_resumes_to_the_uninterrupted_runs_losses_and_weights",
+    # inductor's CPU code, which the defaults never use (compile's auto is on only on a GPU, where the GPU
+    # machines run 2.11 in every speed run): the CPU build's run keeps it; 160-228 s on 2.11 in CI
+    "test_finetune_packed_dropout.py::test_the_compiled_dropout_drops_at_the_drawn_rate_and_its_gradient_follows_its_mask",
 }
 
 
