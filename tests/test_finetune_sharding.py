@@ -48,8 +48,10 @@ def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Modul
     return model, decoder_layers(model)
 
 
-def _plan(setting, model, layers, stage=3, whole_lora="auto"):
-    settings = ShardingSettings(zero3_frozen_leaves=setting, zero3_whole_lora=whole_lora)
+def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto"):
+    settings = ShardingSettings(
+        zero3_frozen_leaves=setting, zero3_whole_lora=whole_lora, zero3_unhook_whole=unhook
+    )
     return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
 
 
@@ -63,6 +65,10 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
     )
     assert not _plan("auto", model, layers, whole_lora=False).zero3_whole_lora
     assert not _plan("auto", model, layers, stage=2).zero3_whole_lora
+    # and hooks only where there is something to fetch, likewise
+    assert _plan("auto", model, layers).zero3_unhook_whole and _plan(True, model, layers).zero3_unhook_whole
+    assert not _plan("auto", model, layers, unhook=False).zero3_unhook_whole
+    assert not _plan("auto", model, layers, stage=2).zero3_unhook_whole
     plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
     assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)

@@ -21,6 +21,8 @@
 #   PHASE=overlap bash tools/device/finetune_scaling_device.sh   # and ZeRO-3's fetches overlapped
 #   PHASE=whole bash tools/device/finetune_scaling_device.sh     # zero3.json as shipped against PEFT's
 #                                                              # modules, twice each
+#   PHASE=unhook bash tools/device/finetune_scaling_device.sh    # ZeRO-3: hooks only where a module owns
+#                                                              # a partitioned weight, against all hooked
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -117,6 +119,16 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-whole-$GPUS-r$round $GPUS $whole"
         echo "deepspeed-whole-overlap-$GPUS-r$round $GPUS $whole --set deepspeed_config=$W/zero3-overlap.json"
         echo "deepspeed-whole-leaves-overlap-$GPUS-r$round $GPUS $whole --set deepspeed_config=$W/zero3-overlap.json --set sharding.zero3_frozen_leaves=true"
+      done
+      ;;
+    unhook)  # zero3.json as shipped (DeepSpeed's hooks only on modules that own a partitioned weight: auto)
+      # against every module hooked (zero3_unhook_whole=false), and with the frozen MLPs fetched whole;
+      # interleaved, twice each
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-hooked-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_unhook_whole=false"
+        echo "deepspeed-leaves-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true"
       done
       ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's

@@ -258,6 +258,13 @@ class ShardingSettings(_Strict):
         "is PEFT's (finetune/sharding.py). auto: true (measured: 9 to 23 points of one GPU's rate more on "
         "2 GPUs, no difference on 4)",
     )
+    zero3_unhook_whole: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): take DeepSpeed's fetch hooks off every module that owns "
+        "no partitioned weight (all its weights kept whole on every rank, or none: norms, activations, the "
+        "attention and its LoRA layers under the shipped zero3.json), so they run only where there is "
+        "something to fetch; the arithmetic is unchanged (finetune/sharding.py). auto: true",
+    )
 
 
 class TrainSettings(_Strict):

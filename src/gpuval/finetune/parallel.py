@@ -29,7 +29,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import ShardingPlan, run_lora_whole
+from gpuval.finetune.sharding import ShardingPlan, run_lora_whole, unhook_whole_modules
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -230,6 +230,9 @@ class DeepSpeed(Parallel):
         if sharding.zero3_whole_lora:  # after initialize, which marks the weights it keeps whole
             whole = run_lora_whole(peft_model)
             self.note += f" | zero3: {whole} LoRA layers kept whole run as one module each"
+        if sharding.zero3_unhook_whole:  # before the first forward, which records the fetch trace
+            kept, had = unhook_whole_modules(engine)
+            self.note += f" | zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
             self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"

@@ -44,6 +44,24 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-lora/`); on 4×H200 58.5 % and 68.9 % against
   57.3 % and 68.6 %, no difference (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-whole/`).
 
+- `zero3_unhook_whole` (ZeRO-3). `deepspeed.initialize` hooks every module that is not inside a z3 leaf
+  (`DeepSpeedZeRoOffload._register_deepspeed_module`): before and after its forward, and through two
+  autograd functions wrapped around its inputs and outputs, before and after its backward; each runs the
+  fetch coordinator's bookkeeping on the host. A module fetches only its own weights (a leaf: its whole
+  subtree's), so a module that owns no partitioned weight, because ZeRO-3 keeps all of them whole
+  (`ds_persist`, the persistence threshold) or it has none (a decoder layer, its attention, activation,
+  dropout, rotary embedding, a LoRA layer under the shipped zero3.json), has nothing to fetch or release,
+  and its hooks are host work alone. With Qwen2-7B under the shipped zero3.json that is 10 of a decoder
+  layer's 13 hooked modules that run with LoRA layers run whole (the layer, two norms, the attention, q, k,
+  v, o, the MLP's activation, the MLP itself, which owns no weight of its own: only gate, up and down keep
+  their hooks). `unhook_whole_modules` removes those hooks after `deepspeed.initialize` and before the
+  first forward, while the fetch trace is still unrecorded: the trace DeepSpeed records and prefetches
+  from then lists only modules with something to fetch. The model's root module keeps its hooks: it is
+  the outermost backward module, to which DeepSpeed attributes the weights fetched while a checkpointed
+  layer is recomputed, and which releases them at the end of the backward. Weights are gathered, used and
+  released by the same modules as before; the adapter's gradients are reduced from hooks on each weight's
+  gradient accumulation, which this leaves alone. `auto` is on.
+
 Sources: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
 (https://deepspeed.readthedocs.io/en/latest/zero3.html, "Leaf modules" under "Debugging").
@@ -94,6 +112,7 @@ class ShardingPlan:
     weights_sharded: bool  # each rank holds 1/world of the base's weights while it waits (memory.py)
     note: str  # the start-up line's words (" | ..."), "" when there is nothing to say
     zero3_whole_lora: bool = False  # deepspeed stage 3: LoRA layers kept whole run as one module
+    zero3_unhook_whole: bool = False  # deepspeed stage 3: no fetch hooks on modules with nothing to fetch
 
     @classmethod
     def replicated(cls) -> ShardingPlan:
@@ -126,7 +145,8 @@ def plan_sharding(
         kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
         note = f" | zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
     whole = settings.zero3_whole_lora is not False  # auto: on (module docstring)
-    return ShardingPlan(False, leaves, True, note, zero3_whole_lora=whole)
+    unhook = settings.zero3_unhook_whole is not False  # auto: on (module docstring)
+    return ShardingPlan(False, leaves, True, note, zero3_whole_lora=whole, zero3_unhook_whole=unhook)
 
 
 def frozen_subtrees(layers: list[torch.nn.Module]) -> list[torch.nn.Module]:
@@ -205,3 +225,37 @@ def _whole_forward(layer: Any, adapter: str) -> Any:
         return (result + F.linear(F.linear(lora_x, a.weight), b.weight, b.bias) * scaling).to(result.dtype)
 
     return forward
+
+
+def unhook_whole_modules(engine: Any) -> tuple[int, int]:
+    """After `deepspeed.initialize` with ZeRO-3 and before the first forward: take DeepSpeed's hooks off
+    every module below the root that owns no partitioned weight (module docstring). Returns how many
+    modules keep their hooks and how many had them."""
+    from deepspeed.utils import z3_leaf_module
+
+    offload = getattr(engine.optimizer, "parameter_offload", engine.optimizer)  # as DeepSpeed finds it
+    root = engine.module
+    hooked = [m for m in root.modules() if hasattr(m, "ds_id")]  # a leaf's children were never hooked
+
+    def owns_partitioned(module: torch.nn.Module) -> bool:
+        own = module.parameters(recurse=z3_leaf_module(module))
+        return any(not getattr(p, "ds_persist", False) for p in own)
+
+    idle = [m for m in hooked if m is not root and not owns_partitioned(m)]
+    idle_dicts = {id(d) for m in idle for d in (m._forward_pre_hooks, m._forward_hooks)}
+
+    def keep(handles: list[Any]) -> list[Any]:
+        kept = []
+        for handle in handles:
+            if id(handle.hooks_dict_ref()) in idle_dicts:
+                handle.remove()
+            else:
+                kept.append(handle)
+        return kept
+
+    offload.forward_hooks = keep(offload.forward_hooks)
+    offload.backward_hooks = keep(offload.backward_hooks)
+    coordinator = offload.get_param_coordinator()
+    if not coordinator.is_invalid_trace():  # a trace recorded with the removed modules would not match
+        coordinator._invalidate_trace()
+    return len(hooked) - len(idle), len(hooked)
