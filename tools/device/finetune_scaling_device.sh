@@ -23,6 +23,8 @@
 #                                                              # modules, twice each
 #   PHASE=unhook bash tools/device/finetune_scaling_device.sh    # ZeRO-3: hooks only where a module owns
 #                                                              # a partitioned weight, against all hooked
+#   PHASE=keep bash tools/device/finetune_scaling_device.sh      # ZeRO-3 keeping gathered weights until
+#                                                              # their backward; compiled layers
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -131,6 +133,20 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-leaves-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true"
       done
       ;;
+    keep)  # with hooks only where there is something to fetch (zero3_unhook_whole): ZeRO-3 keeping each
+      # gathered weight from its forward to its backward (reuse distance and live parameters above the
+      # model's 7.6 G elements: one all-gather of the base per step instead of two, FSDP2's
+      # reshard_after_forward=false), with the frozen MLPs fetched whole, and with compiled layers (graph
+      # breaks only at the hooked modules now)
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      echo "deepspeed-keep-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json"
+      echo "deepspeed-keep-leaves-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json --set sharding.zero3_frozen_leaves=true"
+      echo "deepspeed-compiled-leaves-$GPUS $GPUS ${ZERO3[*]} --set step.compile=true --set sharding.zero3_frozen_leaves=true"
+      echo "deepspeed-keep-compiled-leaves-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json --set step.compile=true --set sharding.zero3_frozen_leaves=true"
+      echo "deepspeed-keep-$GPUS-r2 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json"
+      echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
+      ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)
       echo "deepspeed-deepcompile-torch-$GPUS $GPUS ${ZERO3[*]} --set step.kernels=torch --set deepspeed_config=$W/zero3-deepcompile.json"
@@ -204,6 +220,7 @@ write("zero3-persist-prefetch", stage3_param_persistence_threshold=2_000_000,
       stage3_prefetch_bucket_size=500_000_000, stage3_max_live_parameters=3_000_000_000)
 write("zero3-deepcompile", {"deepcompile": True})
 write("zero3-overlap", overlap_comm=True)
+write("zero3-keep", stage3_max_reuse_distance=20_000_000_000, stage3_max_live_parameters=20_000_000_000)
 PY
 
 if [ "$PHASE" = two ]; then  # the shipped recipe's data (synthetic Glaive records, prepared)
