@@ -56,6 +56,8 @@ def summary(path: str) -> dict:
         streams[e["args"].get("stream", -1)] += e["dur"]
         names[e["name"][:90]] += e["dur"]
     top = sorted(names.items(), key=lambda kv: -kv[1])[:15]
+    gaps = idle_gaps(union(spans))
+    host = host_in_gaps(events, gaps)
     ms = 1e-3
     return {
         "trace": path,
@@ -67,6 +69,53 @@ def summary(path: str) -> dict:
         "idle_ms": round((window - length(union(spans))) * ms, 1),
         "streams_ms": {str(k): round(v * ms, 1) for k, v in sorted(streams.items())},
         "top_kernels_ms": [[n, round(t * ms, 1)] for n, t in top],
+        "idle_gaps": {
+            "count": len(gaps),
+            "over_1ms": sum(1 for a, b in gaps if b - a > 1000),
+            "largest_ms": [round((b - a) * ms, 2) for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:10]],
+        },
+        **host,
+    }
+
+
+def idle_gaps(busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """GPU 0's times between kernels (longer than 20 us: launch latency is not a gap)."""
+    return [(a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] > 20]
+
+
+def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
+    """What the host's threads ran while GPU 0 idled: the CUDA runtime calls (synchronisations and
+    copies are the host waiting on the GPU) and the operators, each by its time inside the gaps; time in
+    no operator nor runtime call of the main thread is Python between operators (hooks, bookkeeping)."""
+    ms = 1e-3
+    runtime = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"]
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    if not ops:
+        return {}
+    threads: dict[object, int] = defaultdict(int)
+    for e in ops:
+        threads[e.get("tid")] += 1
+    main = max(threads, key=lambda t: threads[t])  # the thread that ran the most operators
+    gap_spans = union(gaps)
+
+    def inside(selected: list[dict]) -> dict[str, float]:
+        spent: dict[str, float] = defaultdict(float)
+        for e in selected:
+            spent[e["name"][:60]] += overlap([(e["ts"], e["ts"] + e["dur"])], gap_spans)
+        return spent
+
+    by_runtime = inside([e for e in runtime if e.get("tid") == main])
+    by_op_all = inside([e for e in ops if e.get("tid") == main])
+    main_busy = union([(e["ts"], e["ts"] + e["dur"]) for e in ops + runtime if e.get("tid") == main])
+    gap_total = length(gap_spans)
+    covered = overlap(main_busy, gap_spans)
+    top = lambda d: [[n, round(t * ms, 1)] for n, t in sorted(d.items(), key=lambda kv: -kv[1])[:12]]  # noqa: E731
+    return {
+        "gap_ms": round(gap_total * ms, 1),
+        "gap_in_an_op_or_runtime_call_ms": round(covered * ms, 1),
+        "gap_in_python_between_ops_ms": round((gap_total - covered) * ms, 1),
+        "gap_runtime_calls_ms": top(by_runtime),
+        "gap_ops_ms (nested ops counted in each)": top(by_op_all),
     }
 
 

@@ -6,6 +6,7 @@
 # profile.tgz (the bench JSONs, operators tables, summaries, logs) and accept/.
 #
 #   GPUVAL_COMMIT=SHA bash tools/device/zero3_profile_device.sh      # carry .whl
+#   ZERO3_ONLY=1 ...: the ZeRO-3 run alone (no one-GPU run, no accept)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -15,14 +16,17 @@ exec > >(tee "$D/log.txt") 2>&1
 COMMON=(--set steps=6 --set untimed_steps=3 --set lora.dropout=0.05 --set step.compile=false)
 ZERO3=(--set parallel=deepspeed --set deepspeed_config=configs/finetune/deepspeed/zero3.json)
 python3 -c "import torch; print(torch.__version__, torch.version.cuda, [torch.cuda.get_device_name(i) for i in range($GPUS)])"
-echo "=== 1gpu-eager"
-CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m gpuval bench train "${COMMON[@]}" --set profile_dir="$D/1gpu-eager" \
-  --output "$D/1gpu-eager.json" </dev/null
+if [ -z "${ZERO3_ONLY:-}" ]; then
+  echo "=== 1gpu-eager"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 -m gpuval bench train "${COMMON[@]}" \
+    --set profile_dir="$D/1gpu-eager" --output "$D/1gpu-eager.json" </dev/null
+fi
 echo "=== deepspeed-$GPUS"
 timeout 150 torchrun --standalone --nproc_per_node="$GPUS" -m gpuval bench train "${COMMON[@]}" "${ZERO3[@]}" \
   --set profile_dir="$D/deepspeed-$GPUS" --output "$D/deepspeed-$GPUS.json" </dev/null
 python3 tools/device/trace_summary.py "$D"/*/trace.json | tee "$D/summary.jsonl"
 find "$D" -name trace.json -delete
+[ -n "${ZERO3_ONLY:-}" ] && { tar -czf "$OUT/profile.tgz" -C "$OUT" profile && rm -rf "$D"; exit 0; }
 echo "=== accept --quick on $GPUS GPUs"
 mkdir -p "$OUT/accept"
 start=$(date +%s.%N)
