@@ -124,6 +124,10 @@ def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_f
         pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
         settings["deepspeed_config"] = str(REPO / "configs" / "finetune" / "deepspeed" / "zero3.json")
     whole = train(finetune_config_from_dict(config_dict(train_file, tmp_path / "whole", **settings)), runtime)
+    if parallel == "deepspeed":  # on a CPU, DeepSpeed's shared-memory all-reduce (inference's) is not built
+        from deepspeed.comm import comm
+
+        assert comm.cdb is not None and comm.cdb.shm_comm_op is None
 
     cut_cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / "cut", **settings))
     first = train(cut_cfg, runtime, stop_after_step=5)  # "killed" after step 5: last checkpoint is step 4

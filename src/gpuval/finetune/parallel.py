@@ -36,6 +36,7 @@ TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, 
 # tensors and plain values only, read back with torch.load(weights_only=True): no pickled code runs
 DEEPSPEED_DIR = "deepspeed"  # deepspeed checkpoints: the engine's own files
 DEEPSPEED_TAG = "state"
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's ShareMemCommBuilder.NAME (deepspeed/ops/op_builder/cpu)
 
 # DeepSpeed keys gpuval sets from the fine-tune config (a JSON file that sets them differently is
 # overridden, and the run says so).
@@ -214,6 +215,12 @@ class DeepSpeed(Parallel):
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
         for module in sharding.zero3_leaves:  # before initialize, which registers the fetch hooks
             set_z3_leaf_module(module, True)
+        if not runtime.on_gpu:
+            # On a CPU DeepSpeed's communication backend compiles its shared-memory all-reduce (C++, built
+            # on first use: about a minute of CPU on two cores, and an error where no compiler is
+            # installed), which only its inference all-reduce uses (deepspeed/comm/torch.py); training's
+            # collectives go over the gloo process group. Marked incompatible, it is not built.
+            deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
         # DeepSpeed reads the rank layout from the launcher's variables; a run gpuval started as one
         # process (or under srun) has them in the runtime instead.
         for key, value in (("LOCAL_RANK", runtime.local_rank), ("RANK", runtime.rank)):
