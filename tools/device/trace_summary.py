@@ -78,6 +78,11 @@ def summary(path: str) -> dict:
     }
 
 
+def largest(spent: dict[str, float], n: int = 12) -> list[list]:
+    """The n names that took the most time, with their milliseconds."""
+    return [[name, round(t * 1e-3, 1)] for name, t in sorted(spent.items(), key=lambda kv: -kv[1])[:n]]
+
+
 def idle_gaps(busy: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """GPU 0's times between kernels (longer than 20 us: launch latency is not a gap)."""
     return [(a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] > 20]
@@ -109,13 +114,12 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
     main_busy = union([(e["ts"], e["ts"] + e["dur"]) for e in ops + runtime if e.get("tid") == main])
     gap_total = length(gap_spans)
     covered = overlap(main_busy, gap_spans)
-    top = lambda d: [[n, round(t * ms, 1)] for n, t in sorted(d.items(), key=lambda kv: -kv[1])[:12]]  # noqa: E731
     return {
         "gap_ms": round(gap_total * ms, 1),
         "gap_in_an_op_or_runtime_call_ms": round(covered * ms, 1),
         "gap_in_python_between_ops_ms": round((gap_total - covered) * ms, 1),
-        "gap_runtime_calls_ms": top(by_runtime),
-        "gap_ops_ms (nested ops counted in each)": top(by_op_all),
+        "gap_runtime_calls_ms": largest(by_runtime),
+        "gap_ops_ms (nested ops counted in each)": largest(by_op_all),
     }
 
 
