@@ -48,9 +48,12 @@ def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Modul
     return model, decoder_layers(model)
 
 
-def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto"):
+def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto", lean="auto"):
     settings = ShardingSettings(
-        zero3_frozen_leaves=setting, zero3_whole_lora=whole_lora, zero3_unhook_whole=unhook
+        zero3_frozen_leaves=setting,
+        zero3_whole_lora=whole_lora,
+        zero3_unhook_whole=unhook,
+        zero3_lean_step=lean,
     )
     return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
 
@@ -69,6 +72,11 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
     assert _plan("auto", model, layers).zero3_unhook_whole and _plan(True, model, layers).zero3_unhook_whole
     assert not _plan("auto", model, layers, unhook=False).zero3_unhook_whole
     assert not _plan("auto", model, layers, stage=2).zero3_unhook_whole
+    # and the optimizer step gathering again only the trainable weights kept whole, likewise
+    assert _plan("auto", model, layers).zero3_lean_step
+    assert _plan(True, model, layers, lean=True).zero3_lean_step
+    assert not _plan("auto", model, layers, lean=False).zero3_lean_step
+    assert not _plan("auto", model, layers, stage=2).zero3_lean_step
     plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
     assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)

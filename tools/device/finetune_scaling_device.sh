@@ -25,6 +25,9 @@
 #                                                              # a partitioned weight, against all hooked
 #   PHASE=keep bash tools/device/finetune_scaling_device.sh      # ZeRO-3 keeping gathered weights until
 #                                                              # their backward; compiled layers
+#   PHASE=lean bash tools/device/finetune_scaling_device.sh      # ZeRO-3's optimizer step gathering again
+#                                                              # only the trainable weights kept whole,
+#                                                              # against DeepSpeed's step; and on 2 GPUs
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -146,6 +149,16 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-keep-compiled-leaves-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json --set step.compile=true --set sharding.zero3_frozen_leaves=true"
       echo "deepspeed-keep-$GPUS-r2 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-keep.json"
       echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
+      ;;
+    lean)  # zero3.json as shipped (the optimizer step gathers again only the trainable weights kept whole,
+      # by one all-gather: sharding.zero3_lean_step's auto) against DeepSpeed's step (every weight kept
+      # whole released and gathered again, one all-gather each); interleaved, twice each; then 2 GPUs
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-stock-step-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_lean_step=false"
+      done
+      [ "$GPUS" -gt 2 ] && echo "deepspeed-2 2 ${ZERO3[*]}"
       ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)

@@ -266,6 +266,13 @@ class ShardingSettings(_Strict):
         "something to fetch; the arithmetic is unchanged (finetune/sharding.py). auto: true (measured: "
         "70 to 72 % of one GPU's rate on 4 GPUs against 62 and 69 % with every module hooked)",
     )
+    zero3_lean_step: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): at each optimizer step keep the frozen weights ZeRO-3 "
+        "keeps whole gathered (DeepSpeed releases them and gathers each again by an all-gather of its "
+        "own), and gather the trainable ones kept whole again by one all-gather; the update is DeepSpeed's "
+        "(finetune/sharding.py). auto: true",
+    )
 
 
 class TrainSettings(_Strict):

@@ -29,7 +29,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import ShardingPlan, run_lora_whole, unhook_whole_modules
+from gpuval.finetune.sharding import ShardingPlan, lean_step, run_lora_whole, unhook_whole_modules
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -240,6 +240,14 @@ class DeepSpeed(Parallel):
         if sharding.zero3_unhook_whole:  # before the first forward, which records the fetch trace
             kept, had = unhook_whole_modules(engine)
             self.note += f" | zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
+        if sharding.zero3_lean_step:  # after unhooking: the step's gathers, the fetch hooks left alone
+            counts = lean_step(engine)
+            self.note += (
+                " | zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
+                if counts is None
+                else f" | zero3: the step gathers again {counts[1]} trainable weights kept whole by one "
+                f"all-gather, {counts[0]} frozen ones stay gathered"
+            )
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
             self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"
