@@ -28,6 +28,8 @@
 #   PHASE=lean bash tools/device/finetune_scaling_device.sh      # ZeRO-3's optimizer step gathering again
 #                                                              # only the trainable weights kept whole,
 #                                                              # against DeepSpeed's step; and on 2 GPUs
+#   PHASE=prefetch bash tools/device/finetune_scaling_device.sh  # ZeRO-3 with the lean step, prefetching one
+#                                                              # or two MLPs ahead, twice each
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -160,6 +162,16 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       done
       [ "$GPUS" -gt 2 ] && echo "deepspeed-2 2 ${ZERO3[*]}"
       ;;
+    prefetch)  # with the lean step: zero3.json's prefetch bucket (50 M elements: less than one of an MLP's
+      # three weights, 68 M) against one holding a whole MLP (210 M: the next layer's MLP fetched while
+      # this layer's attention runs) and 500 M (the sharding phase's); interleaved, twice each
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-prefetch-mlp-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
+        echo "deepspeed-prefetch-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch.json"
+      done
+      ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)
       echo "deepspeed-deepcompile-torch-$GPUS $GPUS ${ZERO3[*]} --set step.kernels=torch --set deepspeed_config=$W/zero3-deepcompile.json"
@@ -209,6 +221,13 @@ timed() {  # NAME COMMAND...: run it, say its exit code and wall seconds
   echo "=== $name exit=$rc wall_s=$(python3 -c "import time; print(round(time.time()-$start,1))")"
 }
 
+# ZeRO-3 prefetching one MLP ahead (the prefetch phase)
+python3 - "$W/zero3-prefetch-mlp.json" <<'PY'
+import json, sys
+config = json.load(open("configs/finetune/deepspeed/zero3.json"))
+config["zero_optimization"].update(stage3_prefetch_bucket_size=210_000_000)
+json.dump(config, open(sys.argv[1], "w"), indent=2)
+PY
 # ZeRO-3 with prefetching of a whole decoder layer ahead (the sharding phase)
 python3 - "$W/zero3-prefetch.json" <<'PY'
 import json, sys
