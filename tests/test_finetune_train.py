@@ -600,16 +600,16 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
     else:  # each layer's frozen MLP fetched by one all-gather (LoRA is on the attention only); k and v of
         # each of the 6 layers kept whole, their LoRA layers run as one module; DeepSpeed's hooks left on
         # 20 modules: the root, the embedding and, in each layer, q's and o's partitioned base products
-        # and the MLP (the head is out of the model: the fused loss). The optimizer step gathers again
-        # the adapter's 48 weights (A and B of q, k, v, o in 6 layers) by one all-gather, and leaves
-        # gathered the 43 frozen weights kept whole: in each layer q's bias, k's and v's weights and
-        # biases, the two norms, and the final norm
+        # and the MLP (the head is out of the model: the fused loss). The optimizer step keeps gathered
+        # the 43 frozen weights kept whole (in each layer q's bias, k's and v's weights and biases, the two
+        # norms; the final norm) and the adapter's 48 (A and B of q, k, v, o in 6 layers), these brought
+        # up to date by one all-gather: a slice wrongly placed would change every loss after the first
         assert re.fullmatch(
             r"zero3: 6 frozen submodules \(Qwen2MLP\) fetched whole \(set\)"
             r" \| zero3: 12 LoRA layers kept whole run as one module each"
             r" \| zero3: hooks on 20 of \d+ modules, the others own no partitioned weight"
-            r" \| zero3: the step gathers again 48 trainable weights kept whole by one all-gather,"
-            r" 43 frozen ones stay gathered",
+            r" \| zero3: the step keeps the 91 weights kept whole gathered, the 48 trainable ones brought up"
+            r" to date by one all-gather",
             summary["sharding"],
         ), summary["sharding"]
     assert summary["world_size"] == 2 and summary["parallel"] == parallel

@@ -268,9 +268,9 @@ class ShardingSettings(_Strict):
     )
     zero3_lean_step: bool | Literal["auto"] = Field(
         "auto",
-        description="ZeRO-3 (deepspeed, stage 3): at each optimizer step keep the frozen weights ZeRO-3 "
-        "keeps whole gathered (DeepSpeed releases them and gathers each again by an all-gather of its "
-        "own), and gather the trainable ones kept whole again by one all-gather; the update is DeepSpeed's "
+        description="ZeRO-3 (deepspeed, stage 3): keep the weights ZeRO-3 keeps whole gathered through "
+        "each optimizer step (DeepSpeed releases them and gathers each again by an all-gather of its own) "
+        "and bring the trainable ones up to date in place by one all-gather; the update is DeepSpeed's "
         "(finetune/sharding.py). auto: true (measured: 76 % of one GPU's rate on 4 GPUs against 71 and "
         "72 % with DeepSpeed's step)",
     )

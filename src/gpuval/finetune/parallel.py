@@ -245,8 +245,8 @@ class DeepSpeed(Parallel):
             self.note += (
                 " | zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
                 if counts is None
-                else f" | zero3: the step gathers again {counts[1]} trainable weights kept whole by one "
-                f"all-gather, {counts[0]} frozen ones stay gathered"
+                else f" | zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
+                f"the {counts[1]} trainable ones brought up to date by one all-gather"
             )
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()

@@ -75,13 +75,16 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   nearly all of them are frozen: they never change, so releasing and gathering them again is host work and
   traffic alone (Qwen2-7B under the shipped zero3.json: 253 frozen weights, 1.6 GB gathered per step, and
   224 adapter weights; every step 477 collectives launched one by one while the GPU waits for the step).
-  `lean_step` keeps the frozen ones gathered through the step and gathers the trainable ones again by one
-  all-gather of their partitions laid end to end (`all_gather_coalesced`, the way DeepSpeed fetches a
-  module's weights). The update, and the values each weight holds when the next forward reads it, are
-  DeepSpeed's; its checkpoint save and load release and gather the trainable ones as before. Where this
+  `lean_step` keeps all of them gathered through the step. After the update it brings the trainable ones
+  up to date in place: their updated partitions laid end to end (one copy), one all-gather, and one
+  multi-tensor copy of each rank's slice into each weight (`_TrainableRefresh`), where DeepSpeed would
+  allocate, gather and concatenate each weight anew. The update, and the values each weight holds when the
+  next forward reads it, are DeepSpeed's; a trainable weight released meanwhile (its checkpoint save and
+  load, `GatheredParameters` on leaving) is gathered again by DeepSpeed's own all-gather. Where this
   DeepSpeed's optimizer lacks one of the parts it changes, it changes nothing and the start-up line says
-  so. `auto` is on: on 4×H200 it gave 76.3 % and 76.3 % of one GPU's tokens/s per GPU against 71.8 % and
-  71.0 % with DeepSpeed's step, interleaved in one call, and 0.9 GiB less memory per GPU; on 2 GPUs 79.5 %
+  so. `auto` is on: on 4×H200 its first form (the trainable weights released and gathered again by one
+  all-gather) gave 76.3 % and 76.3 % of one GPU's tokens/s per GPU against 71.8 % and 71.0 % with
+  DeepSpeed's step, interleaved in one call, and 0.9 GiB less memory per GPU; on 2 GPUs 79.5 %
   (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-lean/`). A CPU stand-in with Qwen2-7B's module
   structure at hidden size 112 (two gloo ranks) went from about 1,150 to 560–710 ms per step, DDP's 540.
 
@@ -260,9 +263,10 @@ def _whole_forward(layer: Any, adapter: str) -> Any:
 
 
 def lean_step(engine: Any) -> tuple[int, int] | None:
-    """After `deepspeed.initialize` with ZeRO-3: the optimizer step keeps the frozen weights ZeRO-3 keeps
-    whole gathered and gathers the trainable ones again by one all-gather (module docstring). Returns how
-    many of each, or None when this DeepSpeed's optimizer lacks a part this changes (then nothing is)."""
+    """After `deepspeed.initialize` with ZeRO-3: the optimizer step keeps every weight ZeRO-3 keeps whole
+    gathered, and brings the trainable ones up to date by one all-gather (module docstring). Returns how
+    many frozen and trainable ones, or None when this DeepSpeed's optimizer lacks a part this changes (then
+    nothing is)."""
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     optimizer = engine.optimizer
@@ -274,15 +278,14 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
         return None
     frozen = [p for p in persistent if not p.requires_grad]
     trainable = [p for p in persistent if p.requires_grad]
-    waiting = [p for p in frozen if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
-    if waiting:  # gathered once, here, on every rank alike
-        waiting[0].all_gather(param_list=waiting)
-    optimizer.persistent_parameters = trainable  # what the step and the checkpoint's load gather again
+    _gather_released(frozen)  # once, here, on every rank alike
+    optimizer.persistent_parameters = trainable  # what the checkpoint's save and load release and gather
+    refresh = _TrainableRefresh(trainable)
 
     def partition_all_parameters() -> None:
-        # DeepSpeed releases every weight that is gathered: the frozen ones kept whole look released
-        # meanwhile, so they keep their gathered data
-        hidden = [p for p in frozen if p.ds_status == ZeroParamStatus.AVAILABLE]
+        # DeepSpeed releases every weight that is gathered: those kept whole look released meanwhile, so
+        # they keep their gathered data
+        hidden = [p for p in persistent if p.ds_status == ZeroParamStatus.AVAILABLE]
         for param in hidden:
             param.ds_status = ZeroParamStatus.NOT_AVAILABLE
         try:
@@ -291,20 +294,80 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
             for param in hidden:
                 param.ds_status = ZeroParamStatus.AVAILABLE
 
-    def gather_then_post_step(timer_names: Any) -> None:
+    def refresh_then_post_step(timer_names: Any) -> None:
+        refresh()  # the partitions the step updated, into the gathered weights
         kept = optimizer.persistent_parameters
-        released = [p for p in kept if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
-        if released:
-            released[0].all_gather_coalesced(released).wait()
-        optimizer.persistent_parameters = []  # gathered above: DeepSpeed's own step has none left to gather
+        optimizer.persistent_parameters = []  # up to date: DeepSpeed's own step has none left to gather
         try:
             post_step(timer_names)
         finally:
             optimizer.persistent_parameters = kept
 
     offload.partition_all_parameters = partition_all_parameters  # instance attributes: the classes stay
-    optimizer._post_step = gather_then_post_step
+    optimizer._post_step = refresh_then_post_step
     return len(frozen), len(trainable)
+
+
+def _gather_released(params: list[Any]) -> bool:
+    """Gather those of `params` (weights ZeRO-3 keeps whole) that are released, by one all-gather; whether
+    there were any. Every rank holds the same ones released: DeepSpeed releases and gathers collectively."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    released = [p for p in params if p.ds_status == ZeroParamStatus.NOT_AVAILABLE]
+    if released:
+        released[0].all_gather_coalesced(released).wait()
+    return bool(released)
+
+
+class _TrainableRefresh:
+    """The trainable weights ZeRO-3 keeps whole, brought up to date in place after the optimizer updated
+    their partitions: the partitions laid end to end (one copy), one all-gather, one multi-tensor copy of
+    each rank's slice into each weight's gathered data. A weight released meanwhile (DeepSpeed's checkpoint
+    save and load, `GatheredParameters` on leaving) is gathered again by DeepSpeed's own all-gather, and the
+    slices are laid out again for its new data. Weights with a secondary partition (hpZ) or another process
+    group than the first's take DeepSpeed's all-gather every step."""
+
+    def __init__(self, params: list[Any]) -> None:
+        self.params = sorted(params, key=lambda p: p.ds_id)  # one order on every rank
+        self.plan: tuple[Any, ...] | None = None
+        groups = {id(p.ds_process_group) for p in self.params}
+        self.in_place = len(groups) == 1 and all(p.ds_secondary_tensor is None for p in self.params)
+
+    def __call__(self) -> None:
+        if not self.params:
+            return
+        if _gather_released(self.params) or not self.in_place:
+            self.plan = None  # up to date now; new data, laid out again next time
+            return
+        if self.plan is None or self.plan[0] != [p.data.data_ptr() for p in self.params]:
+            self.plan = self._lay_out()
+        _, send, received, group, into, slices = self.plan
+        torch.cat([p.ds_tensor.view(-1) for p in self.params], out=send)
+        torch.distributed.all_gather_into_tensor(received, send, group=group)
+        torch._foreach_copy_(into, slices)
+
+    def _lay_out(self) -> tuple[Any, ...]:
+        first = self.params[0]
+        group = first.ds_process_group
+        world = torch.distributed.get_world_size(group)
+        sizes = [p.ds_tensor.ds_numel for p in self.params]  # each rank's partition of each weight
+        total = sum(sizes)
+        send = torch.empty(total, dtype=first.ds_tensor.dtype, device=first.data.device)
+        received = torch.empty(world * total, dtype=send.dtype, device=send.device)
+        by_rank = received.view(world, total)
+        into, slices = [], []
+        offset = 0
+        for param, size in zip(self.params, sizes, strict=True):
+            flat = param.data.view(-1)
+            for rank in range(world):  # rank r holds elements [r·size, (r+1)·size) of the padded weight
+                start = rank * size
+                count = min(size, param.ds_numel - start)
+                if count <= 0:
+                    break
+                into.append(flat.narrow(0, start, count))
+                slices.append(by_rank[rank].narrow(0, offset, count))
+            offset += size
+        return [p.data.data_ptr() for p in self.params], send, received, group, into, slices
 
 
 def unhook_whole_modules(engine: Any) -> tuple[int, int]:
