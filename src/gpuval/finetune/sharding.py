@@ -75,9 +75,10 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   nearly all of them are frozen: they never change, so releasing and gathering them again is host work and
   traffic alone (Qwen2-7B under the shipped zero3.json: 253 frozen weights, 1.6 GB gathered per step, and
   224 adapter weights; every step 477 collectives launched one by one while the GPU waits for the step).
-  `lean_step` keeps all of them gathered through the step. After the update it brings the trainable ones
-  up to date in place: their updated partitions laid end to end (one copy), one all-gather, and one
-  multi-tensor copy of each rank's slice into each weight (`_TrainableRefresh`), where DeepSpeed would
+  `lean_step` keeps all of them gathered through the step, and skips DeepSpeed's release walk over every
+  weight of the model when the backward's hooks have left nothing gathered. After the update it brings the
+  trainable ones up to date in place: their updated partitions laid end to end (one copy), one all-gather,
+  and one multi-tensor copy of each rank's slice into each weight (`_TrainableRefresh`), where DeepSpeed would
   allocate, gather and concatenate each weight anew. The update, and the values each weight holds when the
   next forward reads it, are DeepSpeed's; a trainable weight released meanwhile (its checkpoint save and
   load, `GatheredParameters` on leaving) is gathered again by DeepSpeed's own all-gather. Where this
@@ -283,9 +284,23 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
     optimizer.persistent_parameters = trainable  # what the checkpoint's save and load release and gather
     refresh = _TrainableRefresh(trainable)
 
+    kept_whole = {id(p) for p in persistent}
+    every = list(engine.module.parameters())
+
+    def nothing_to_release() -> bool:
+        return all(
+            not p.ds_active_sub_modules
+            and (id(p) in kept_whole or p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+            for p in every
+        )
+
     def partition_all_parameters() -> None:
-        # DeepSpeed releases every weight that is gathered: those kept whole look released meanwhile, so
-        # they keep their gathered data
+        # DeepSpeed walks every weight of the model twice to release what is gathered; after a backward
+        # whose hooks released each partitioned weight there is nothing (none gathered, in flight or in
+        # use by a module), and the walk is skipped
+        if nothing_to_release():
+            return
+        # those kept whole look released meanwhile, so they keep their gathered data
         hidden = [p for p in persistent if p.ds_status == ZeroParamStatus.AVAILABLE]
         for param in hidden:
             param.ds_status = ZeroParamStatus.NOT_AVAILABLE
