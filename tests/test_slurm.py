@@ -101,7 +101,9 @@ def test_one_failing_node_is_named_and_the_verdict_is_the_jobs_exit_code(slurm, 
     """node2 answers NVML with a recorded H100 (tests/dist/nvmlhook), which the CPU profile does not
     expect: its health FAILs, node1's passes. The job exits 1 and result.json blames node2 alone. node2's
     rank runs on the CPU although NVML lists a GPU there, so no benchmark runs at all (it would measure a
-    CPU standing in for the GPU): every benchmark check is SKIP naming node2's cuda.visible."""
+    CPU standing in for the GPU): every benchmark check is SKIP naming node2's cuda.visible. node2's rank
+    leaves late, as on a loaded node: Slurm kills it once node1's rank exited with FAIL's 1, and the job's
+    code is still FAIL's (accept.sbatch reads this run's verdict), not the killed task's."""
     hook = Path(__file__).parent / "dist" / "nvmlhook"
     path = os.pathsep.join(filter(None, [str(hook), slurm.get("PYTHONPATH")]))
     env = {
@@ -109,6 +111,7 @@ def test_one_failing_node_is_named_and_the_verdict_is_the_jobs_exit_code(slurm, 
         "GPUVAL_OUTPUT": str(tmp_path / "results"),
         "PYTHONPATH": path,
         "GPUVAL_TEST_NVML_NODE": "node2",
+        "GPUVAL_TEST_SLOW_EXIT_NODE": "node2",  # leaves 5 s after node1's FAIL exit: Slurm kills it
     }
     job = _run(
         [

@@ -9,6 +9,10 @@ from a recording made on a real machine (tests/data/nvml/), as on a GPU node.
   it): that node looks like a GPU node to a CPU profile that expects none, so its health FAILs while the
   other node's passes.
 
+- GPUVAL_TEST_SLOW_EXIT_NODE=NAME (tests/test_slurm.py): processes on that Slurm node wait 5 s before
+  they exit, as a rank on a loaded node leaves late: Slurm's --kill-on-bad-exit then kills it on its way
+  out once another rank has exited with the verdict's FAIL.
+
 NVML cannot exist on the CPU machine; this is the recorded real answer, not an invented one. Only gpuval's
 layer is replaced: torch and accelerate consult pynvml too, and a GPU they cannot use sends them down other
 paths. Without these variables the hook does nothing.
@@ -32,3 +36,17 @@ if _recording and (not _node or os.environ.get("SLURMD_NODENAME") == _node):
         _init(self, _recorded if library is None else library)
 
     _nvml.Nvml.__init__ = _replayed
+
+_slow = os.environ.get("GPUVAL_TEST_SLOW_EXIT_NODE")
+if _slow and _slow == os.environ.get("SLURMD_NODENAME"):
+    import atexit
+    import time
+
+    _exit = os._exit
+
+    def _late_exit(code):  # gpuval's ranks leave through os._exit (runtime.py), which skips atexit
+        time.sleep(5)
+        _exit(code)
+
+    os._exit = _late_exit
+    atexit.register(time.sleep, 5)
