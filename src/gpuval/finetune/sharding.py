@@ -86,7 +86,8 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   so. `auto` is on: on 4×H200 its first form (the trainable weights released and gathered again by one
   all-gather) gave 76.3 % and 76.3 % of one GPU's tokens/s per GPU against 71.8 % and 71.0 % with
   DeepSpeed's step, interleaved in one call, and 0.9 GiB less memory per GPU; on 2 GPUs 79.5 %, and the
-  second form 81.4 % and 80.9 % on 2×H200 (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-lean/`).
+  form as shipped 83.4 % and 83.4 % on 2×H200 against 73.9 % and 76.8 % with DeepSpeed's step
+  (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-lean/`).
   A CPU stand-in with Qwen2-7B's module structure at hidden size 112 (two gloo ranks) went from about
   1,150 to 560–710 ms per step, DDP's 540.
 
