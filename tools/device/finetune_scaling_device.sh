@@ -30,6 +30,8 @@
 #                                                              # against DeepSpeed's step; and on 2 GPUs
 #   PHASE=prefetch bash tools/device/finetune_scaling_device.sh  # ZeRO-3 with the lean step, prefetching one
 #                                                              # or two MLPs ahead, twice each
+#   PHASE=leanplus bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped, twice, against the
+#                                                              # frozen MLPs whole and one MLP prefetched
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -171,6 +173,15 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-prefetch-mlp-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
         echo "deepspeed-prefetch-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch.json"
       done
+      ;;
+    leanplus)  # with the lean step (the host's step work gone), what is left of the hooks' host work: the
+      # frozen MLPs fetched whole (30 hooked modules instead of 86), one MLP prefetched ahead, both
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS-r1 $GPUS ${ZERO3[*]}"
+      echo "deepspeed-leaves-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true"
+      echo "deepspeed-prefetch-mlp-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
+      echo "deepspeed-leaves-prefetch-mlp-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true --set deepspeed_config=$W/zero3-prefetch-mlp.json"
+      echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
       ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)
