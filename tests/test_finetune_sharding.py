@@ -3,6 +3,7 @@ frozen submodules ZeRO-3 fetches whole."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from gpuval.finetune.config import ShardingSettings
@@ -10,6 +11,7 @@ from gpuval.finetune.model import apply_lora, load_model
 from gpuval.finetune.parallel import decoder_layers
 from gpuval.finetune.sharding import (
     ShardingPlan,
+    compile_whole_submodules,
     frozen_subtrees,
     fsdp_note,
     fsdp_reshard,
@@ -48,12 +50,13 @@ def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Modul
     return model, decoder_layers(model)
 
 
-def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto", lean="auto"):
+def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto", lean="auto", compiled="auto"):
     settings = ShardingSettings(
         zero3_frozen_leaves=setting,
         zero3_whole_lora=whole_lora,
         zero3_unhook_whole=unhook,
         zero3_lean_step=lean,
+        zero3_compile_whole=compiled,
     )
     return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
 
@@ -77,6 +80,10 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
     assert _plan(True, model, layers, lean=True).zero3_lean_step
     assert not _plan("auto", model, layers, lean=False).zero3_lean_step
     assert not _plan("auto", model, layers, stage=2).zero3_lean_step
+    # compiling the submodules whose weights are all whole only when set (auto: off until measured)
+    assert not _plan("auto", model, layers).zero3_compile_whole
+    assert _plan("auto", model, layers, compiled=True).zero3_compile_whole
+    assert not _plan("auto", model, layers, stage=2, compiled=True).zero3_compile_whole
     plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
     assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)
@@ -154,3 +161,24 @@ def test_lora_layers_stay_peft_when_a_weight_is_partitioned_or_the_layer_is_not_
     assert run_lora_whole(model) == 2 * len(decoder_layers(model)) - 1
     assert "forward" not in vars(layer)
     assert "forward" in vars(decoder_layers(model)[0].self_attn.v_proj)
+
+
+def test_zero3_compiles_the_submodules_whose_weights_are_all_whole_and_nothing_with_a_partitioned_one():
+    """Marked as deepspeed.initialize marks them: the attention's weights kept whole (ds_persist), the MLP's
+    partitioned. Only the attention of each layer is compiled; the norms (whole too) as well, the layer and
+    its MLP stay eager. A submodule holding a z3 leaf is never compiled."""
+    pytest.importorskip("deepspeed", reason="optional dependency (pip install deepspeed)")
+    from deepspeed.utils import set_z3_leaf_module
+
+    model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj"])
+    for layer in layers:
+        for name, param in layer.named_parameters():
+            param.ds_persist = not name.startswith("mlp.")
+    set_z3_leaf_module(layers[0].input_layernorm, True)  # a leaf: fetched by DeepSpeed, never compiled
+    names = compile_whole_submodules(layers)
+    assert sorted(names) == ["Qwen2Attention", "Qwen2RMSNorm"]
+    for i, layer in enumerate(layers):
+        assert layer.self_attn._compiled_call_impl is not None
+        assert layer.post_attention_layernorm._compiled_call_impl is not None
+        assert (layer.input_layernorm._compiled_call_impl is None) is (i == 0)
+        assert layer.mlp._compiled_call_impl is None and layer._compiled_call_impl is None

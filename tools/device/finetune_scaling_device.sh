@@ -32,6 +32,8 @@
 #                                                              # or two MLPs ahead, twice each
 #   PHASE=leanplus bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped, twice, against the
 #                                                              # frozen MLPs whole and one MLP prefetched
+#   PHASE=zcompile bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its attention
+#                                                              # compiled (sharding.zero3_compile_whole)
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
 #
 # Carry .whl (pydantic, liger-kernel, deepspeed built with DS_BUILD_OPS=0, hjson); GPUVAL_COMMIT=SHA names the
@@ -182,6 +184,12 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-prefetch-mlp-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
       echo "deepspeed-leaves-prefetch-mlp-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_frozen_leaves=true --set deepspeed_config=$W/zero3-prefetch-mlp.json"
       echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
+      ;;
+    zcompile)  # ZeRO-3 with each decoder layer's submodules whose weights are all kept whole compiled (the
+      # attention and norms; the layer and its MLP eager for DeepSpeed's hooks) against as shipped
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS $GPUS ${ZERO3[*]}"
+      echo "deepspeed-compiled-whole-$GPUS $GPUS ${ZERO3[*]} --set sharding.zero3_compile_whole=true"
       ;;
     deepcompile)  # DeepSpeed's DeepCompile on zero3.json: the step as auto makes it, then with torch's
       # kernels (no Liger, no fused loss); a crash's traceback is kept (bench run's save_traceback)

@@ -274,6 +274,13 @@ class ShardingSettings(_Strict):
         "(finetune/sharding.py). auto: true (measured: 76 % of one GPU's rate on 4 GPUs against 71 and "
         "72 % with DeepSpeed's step)",
     )
+    zero3_compile_whole: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): torch.compile each submodule of a decoder layer "
+        "that owns weights, all kept whole on every rank (Qwen2's attention under the shipped zero3.json), "
+        "while the layers stay eager for DeepSpeed's fetch hooks (finetune/sharding.py). auto: false "
+        "(not yet measured on 4 GPUs)",
+    )
 
 
 class TrainSettings(_Strict):

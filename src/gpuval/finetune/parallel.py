@@ -29,7 +29,13 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import ShardingPlan, lean_step, run_lora_whole, unhook_whole_modules
+from gpuval.finetune.sharding import (
+    ShardingPlan,
+    compile_whole_submodules,
+    lean_step,
+    run_lora_whole,
+    unhook_whole_modules,
+)
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -248,6 +254,10 @@ class DeepSpeed(Parallel):
                 else f" | zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
                 f"the {counts[1]} trainable ones brought up to date by one all-gather"
             )
+        if sharding.zero3_compile_whole:  # after the whole LoRA forwards, before the first forward
+            names = compile_whole_submodules(decoder_layers(peft_model))
+            what = ", ".join(names) or "nothing (no submodule has all its weights whole)"
+            self.note += f" | zero3: compiled in each decoder layer: {what}"
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
             self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"

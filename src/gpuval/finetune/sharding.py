@@ -68,6 +68,15 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   70.9 % in the next call; runs of the same setting agree within 2.3 points, where they moved by 10 to 20
   with every module hooked (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-unhook/`).
 
+- `zero3_compile_whole` (ZeRO-3). Compiled decoder layers fail under ZeRO-3: Dynamo reads a
+  partitioned weight (shape [0]) inside the compiled region before its module's hook gathered it
+  (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-unhook/`). A submodule whose weights are all kept
+  whole has nothing to gather (and, with `zero3_unhook_whole`, no hooks), so `compile_whole_submodules`
+  compiles each such direct submodule of a decoder layer (Qwen2's attention, with its LoRA layers run
+  whole, under the shipped zero3.json) and leaves the layer, its norms and its MLP eager. DeepSpeed's
+  parameter dictionary hands a compiled region the weight as it is (`ZeROOrderedDict` returns it unchecked
+  while compiling). `auto` is off until measured.
+
 - `zero3_lean_step` (ZeRO-3). At each optimizer step DeepSpeed releases every weight, those it keeps whole
   (`ds_persist`) included (`partition_all_parameters`), and after the update gathers each of the kept ones
   again by an all-gather of its own (`DeepSpeedZeroOptimizer_Stage3._post_step`, through
@@ -147,6 +156,7 @@ class ShardingPlan:
     zero3_whole_lora: bool = False  # deepspeed stage 3: LoRA layers kept whole run as one module
     zero3_unhook_whole: bool = False  # deepspeed stage 3: no fetch hooks on modules with nothing to fetch
     zero3_lean_step: bool = False  # deepspeed stage 3: the optimizer step gathers only trainable weights
+    zero3_compile_whole: bool = False  # deepspeed stage 3: submodules with whole weights only compiled
 
     @classmethod
     def replicated(cls) -> ShardingPlan:
@@ -181,8 +191,16 @@ def plan_sharding(
     whole = settings.zero3_whole_lora is not False  # auto: on (module docstring)
     unhook = settings.zero3_unhook_whole is not False  # auto: on (module docstring)
     lean = settings.zero3_lean_step is not False  # auto: on (module docstring)
+    compiled = settings.zero3_compile_whole is True  # auto: off (module docstring)
     return ShardingPlan(
-        False, leaves, True, note, zero3_whole_lora=whole, zero3_unhook_whole=unhook, zero3_lean_step=lean
+        False,
+        leaves,
+        True,
+        note,
+        zero3_whole_lora=whole,
+        zero3_unhook_whole=unhook,
+        zero3_lean_step=lean,
+        zero3_compile_whole=compiled,
     )
 
 
@@ -385,6 +403,26 @@ class _TrainableRefresh:
                 slices.append(by_rank[rank].narrow(0, offset, count))
             offset += size
         return [p.data.data_ptr() for p in self.params], send, received, group, into, slices
+
+
+def compile_whole_submodules(layers: list[torch.nn.Module]) -> list[str]:
+    """After `deepspeed.initialize` (which marks the weights it keeps whole) and the LoRA layers' whole
+    forwards, before the first forward: torch.compile each direct submodule of each decoder layer that owns
+    weights, all kept whole, and holds no z3 leaf (module docstring). Returns the compiled submodules'
+    class names, once each."""
+    from deepspeed.utils import z3_leaf_module
+
+    compiled: dict[str, None] = {}
+    for layer in layers:
+        for child in layer.children():
+            params = list(child.parameters())
+            if not params or not all(getattr(p, "ds_persist", False) for p in params):
+                continue
+            if any(z3_leaf_module(m) for m in child.modules()):
+                continue
+            child.compile()
+            compiled[type(child).__name__] = None
+    return list(compiled)
 
 
 def unhook_whole_modules(engine: Any) -> tuple[int, int]:
