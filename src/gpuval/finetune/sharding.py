@@ -72,10 +72,12 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   partitioned weight (shape [0]) inside the compiled region before its module's hook gathered it
   (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-unhook/`). A submodule whose weights are all kept
   whole has nothing to gather (and, with `zero3_unhook_whole`, no hooks), so `compile_whole_submodules`
-  compiles each such direct submodule of a decoder layer (Qwen2's attention, with its LoRA layers run
-  whole, under the shipped zero3.json) and leaves the layer, its norms and its MLP eager. DeepSpeed's
-  parameter dictionary hands a compiled region the weight as it is (`ZeROOrderedDict` returns it unchecked
-  while compiling). `auto` is off until measured.
+  compiles the forward of each such direct submodule of a decoder layer (Qwen2's attention, with its LoRA
+  layers run whole, and the norms under the shipped zero3.json) and leaves the layer and its MLP eager.
+  DeepSpeed's parameter dictionary hands a compiled region the weight as it is (`ZeROOrderedDict` returns it
+  unchecked while compiling), released or not: an eager pre-forward hook on the submodule first gathers any
+  of its weights DeepSpeed released (at start, or after a checkpoint save; seen on one H200, where the
+  compiled attention read an adapter weight of shape [0]). `auto` is off until measured.
 
 - `zero3_lean_step` (ZeRO-3). At each optimizer step DeepSpeed releases every weight, those it keeps whole
   (`ds_persist`) included (`partition_all_parameters`), and after the update gathers each of the kept ones
@@ -420,9 +422,20 @@ def compile_whole_submodules(layers: list[torch.nn.Module]) -> list[str]:
                 continue
             if any(z3_leaf_module(m) for m in child.modules()):
                 continue
-            child.compile()
+            # A compiled region reads a weight as it is, gathered or not: one DeepSpeed released (its
+            # checkpoint save, GatheredParameters on leaving, the first step) is gathered first, by an
+            # eager pre-forward hook outside the compiled forward
+            child.register_forward_pre_hook(_gather_before(params))
+            child.forward = torch.compile(child.forward)
             compiled[type(child).__name__] = None
     return list(compiled)
+
+
+def _gather_before(params: list[Any]) -> Any:
+    def hook(module: torch.nn.Module, args: Any) -> None:
+        _gather_released(params)
+
+    return hook
 
 
 def unhook_whole_modules(engine: Any) -> tuple[int, int]:
