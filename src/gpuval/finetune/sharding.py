@@ -304,8 +304,10 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
     _gather_released(frozen)  # once, here, on every rank alike
     optimizer.persistent_parameters = trainable  # what the checkpoint's save and load release and gather
     refresh = _TrainableRefresh(trainable)
-
-    kept_whole = {id(p) for p in persistent}
+    # gathered through the step: the frozen ones, and the trainable ones where they are refreshed in place
+    # (else DeepSpeed releases them and the refresh gathers them again)
+    kept = frozen + (trainable if refresh.in_place else [])
+    kept_whole = {id(p) for p in kept}
     every = list(engine.module.parameters())
 
     def nothing_to_release() -> bool:
@@ -321,8 +323,8 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
         # use by a module), and the walk is skipped
         if nothing_to_release():
             return
-        # those kept whole look released meanwhile, so they keep their gathered data
-        hidden = [p for p in persistent if p.ds_status == ZeroParamStatus.AVAILABLE]
+        # those kept through the step look released meanwhile, so they keep their gathered data
+        hidden = [p for p in kept if p.ds_status == ZeroParamStatus.AVAILABLE]
         for param in hidden:
             param.ds_status = ZeroParamStatus.NOT_AVAILABLE
         try:
@@ -333,12 +335,12 @@ def lean_step(engine: Any) -> tuple[int, int] | None:
 
     def refresh_then_post_step(timer_names: Any) -> None:
         refresh()  # the partitions the step updated, into the gathered weights
-        kept = optimizer.persistent_parameters
+        gathered = optimizer.persistent_parameters
         optimizer.persistent_parameters = []  # up to date: DeepSpeed's own step has none left to gather
         try:
             post_step(timer_names)
         finally:
-            optimizer.persistent_parameters = kept
+            optimizer.persistent_parameters = gathered
 
     offload.partition_all_parameters = partition_all_parameters  # instance attributes: the classes stay
     optimizer._post_step = refresh_then_post_step
@@ -362,7 +364,8 @@ class _TrainableRefresh:
     each rank's slice into each weight's gathered data. A weight released meanwhile (DeepSpeed's checkpoint
     save and load, `GatheredParameters` on leaving) is gathered again by DeepSpeed's own all-gather, and the
     slices are laid out again for its new data. Weights with a secondary partition (hpZ) or another process
-    group than the first's take DeepSpeed's all-gather every step."""
+    group than the first's are not kept through the step (`in_place` false): DeepSpeed releases them in its
+    step and they are gathered again by its all-gather."""
 
     def __init__(self, params: list[Any]) -> None:
         self.params = sorted(params, key=lambda p: p.ds_id)  # one order on every rank
@@ -373,9 +376,10 @@ class _TrainableRefresh:
     def __call__(self) -> None:
         if not self.params:
             return
-        if _gather_released(self.params) or not self.in_place:
-            self.plan = None  # up to date now; new data, laid out again next time
+        _gather_released(self.params)  # any released meanwhile, from the partitions the step updated
+        if not self.in_place:  # DeepSpeed released them all in its step: gathered above
             return
+        # the others in place; one gathered above has new data, so the slices are laid out again
         if self.plan is None or self.plan[0] != [p.data.data_ptr() for p in self.params]:
             self.plan = self._lay_out()
         _, send, received, group, into, slices = self.plan
