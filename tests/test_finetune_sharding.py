@@ -163,6 +163,7 @@ def test_lora_layers_stay_peft_when_a_weight_is_partitioned_or_the_layer_is_not_
     assert "forward" in vars(decoder_layers(model)[0].self_attn.v_proj)
 
 
+@pytest.mark.slow  # imports DeepSpeed: 2-3 s on 2 cores
 def test_zero3_compiles_the_submodules_whose_weights_are_all_whole_and_nothing_with_a_partitioned_one():
     """Marked as deepspeed.initialize marks them: the attention's weights kept whole (ds_persist), the MLP's
     partitioned. Only the attention of each layer is compiled; the norms (whole too) as well, the layer and
