@@ -114,6 +114,33 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
     assert len(saved) == len(loaded)
 
 
+@pytest.mark.parametrize("stack", [False, True])
+def test_a_profiled_step_writes_its_trace_and_with_stack_names_the_python_behind_it(
+    runtime, train_file, tmp_path, stack
+):
+    cfg = finetune_config_from_dict(
+        config_dict(
+            train_file,
+            tmp_path / "run",
+            max_steps=4,
+            grad_accum_steps=1,
+            log={"tensorboard": False, "profile_steps": 1, "profile_stack": stack},
+        )
+    )
+    train(cfg, runtime, save_adapter=False, quiet=True)
+    folder = tmp_path / "run" / "profile"
+    events = json.loads((folder / "trace.json").read_text())["traceEvents"]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    python = [e["name"] for e in events if e.get("cat") == "python_function"]
+    assert any(e["name"] == "aten::mm" for e in ops) and "aten::mm" in (folder / "operators.txt").read_text()
+    # one step profiled, of one micro-batch: PEFT's forward once, gpuval's backward once
+    forwards = [name for name in python if "peft/peft_model.py" in name and name.endswith(": forward")]
+    backwards = [
+        name for name in python if "gpuval/finetune/parallel.py" in name and name.endswith(": backward")
+    ]
+    assert (len(forwards), len(backwards)) == ((1, 1) if stack else (0, 0)), (forwards, backwards)
+
+
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.slow
 def test_resume_from_a_checkpoint_matches_the_uninterrupted_run(runtime, train_file, tmp_path, parallel):

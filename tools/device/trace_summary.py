@@ -7,6 +7,7 @@ stream's kernel time, NCCL's time and how much of it no compute kernel overlappe
 
 from __future__ import annotations
 
+import bisect
 import json
 import sys
 from collections import defaultdict
@@ -109,6 +110,9 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
             spent[e["name"][:60]] += overlap([(e["ts"], e["ts"] + e["dur"])], gap_spans)
         return spent
 
+    python = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function" and e.get("tid") == main
+    ]
     by_runtime = inside([e for e in runtime if e.get("tid") == main])
     by_op_all = inside([e for e in ops if e.get("tid") == main])
     main_busy = union([(e["ts"], e["ts"] + e["dur"]) for e in ops + runtime if e.get("tid") == main])
@@ -120,6 +124,66 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
         "gap_in_python_between_ops_ms": round((gap_total - covered) * ms, 1),
         "gap_runtime_calls_ms": largest(by_runtime),
         "gap_ops_ms (nested ops counted in each)": largest(by_op_all),
+        **(python_in_gaps(python, gap_spans) if python else {}),
+    }
+
+
+OWNERS = ("deepspeed/", "gpuval/", "peft/", "transformers/", "accelerate/")
+
+
+def python_in_gaps(python: list[dict], gaps: list[tuple[float, float]]) -> dict:
+    """With the profiler's Python stacks (train.log.profile_stack): the main thread's time inside GPU 0's
+    idle gaps, by the innermost Python function (its own time, callees' taken out) and by the innermost
+    frame of DeepSpeed, gpuval, PEFT, transformers or accelerate on the stack (torch and builtins charged to
+    the library code that called them), and the library functions that held the most of it, callees
+    included."""
+    starts = [a for a, _ in gaps]
+    before = [0.0]  # gap time before each gap starts
+    for a, b in gaps:
+        before.append(before[-1] + b - a)
+
+    def in_gaps(t: float) -> float:  # gap time before instant t
+        i = bisect.bisect_right(starts, t)
+        if i == 0:
+            return 0.0
+        a, b = gaps[i - 1]
+        return before[i - 1] + min(t, b) - a
+
+    own: dict[str, float] = defaultdict(float)
+    owner: dict[str, float] = defaultdict(float)
+    held: dict[str, float] = defaultdict(float)
+    threads: dict[str, float] = defaultdict(float)
+    by_thread: dict[object, list[dict]] = defaultdict(list)
+    for e in python:
+        by_thread[e.get("tid")].append(e)
+    for tid, selected in by_thread.items():  # the backward's hooks run on autograd's device thread
+        stack: list[list] = []  # [end, name, gap time of its own, owner name]
+
+        def close(frame: list, tid: object = tid) -> None:
+            own[frame[1]] += frame[2]
+            owner[frame[3]] += frame[2]
+            threads[str(tid)] += frame[2]
+
+        for e in sorted(selected, key=lambda e: (e["ts"], -e["dur"])):
+            start, end = e["ts"], e["ts"] + e["dur"]
+            while stack and stack[-1][0] <= start:
+                close(stack.pop())
+            inside = in_gaps(end) - in_gaps(start)
+            name = e["name"].split("site-packages/")[-1][:110]
+            if stack:
+                stack[-1][2] -= inside
+            library = any(o in name for o in OWNERS)
+            if library and not any(f[1] == name for f in stack):  # recursion counted once
+                held[name] += inside
+            outer = stack[-1][3] if stack else "(no library)"
+            stack.append([end, name, inside, name if library else outer])
+        while stack:
+            close(stack.pop())
+    return {
+        "gap_python_own_ms": largest(own, 25),
+        "gap_python_by_library_frame_ms": largest(owner, 25),
+        "gap_python_library_held_ms (callees included)": largest(held, 60),
+        "gap_python_threads_ms": largest(threads),
     }
 
 

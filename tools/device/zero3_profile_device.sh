@@ -7,6 +7,9 @@
 #
 #   GPUVAL_COMMIT=SHA bash tools/device/zero3_profile_device.sh      # carry .whl
 #   ZERO3_ONLY=1 ...: the ZeRO-3 run alone (no one-GPU run, no accept)
+#   STACK=1 ...: and the ZeRO-3 run again with the Python functions recorded (train.log.profile_stack):
+#                the summary then names the functions the host ran while GPU 0 idled (the tracer slows
+#                the host, so its gaps are longer than the plain run's: read it for where, not how much)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -24,6 +27,12 @@ fi
 echo "=== deepspeed-$GPUS"
 timeout 150 torchrun --standalone --nproc_per_node="$GPUS" -m gpuval bench train "${COMMON[@]}" "${ZERO3[@]}" \
   --set profile_dir="$D/deepspeed-$GPUS" --output "$D/deepspeed-$GPUS.json" </dev/null
+if [ -n "${STACK:-}" ]; then
+  echo "=== deepspeed-$GPUS-stack"
+  timeout 240 torchrun --standalone --nproc_per_node="$GPUS" -m gpuval bench train "${COMMON[@]}" "${ZERO3[@]}" \
+    --set profile_dir="$D/deepspeed-$GPUS-stack" --set profile_stack=true \
+    --output "$D/deepspeed-$GPUS-stack.json" </dev/null
+fi
 python3 tools/device/trace_summary.py "$D"/*/trace.json | tee "$D/summary.jsonl"
 find "$D" -name trace.json -delete
 [ -n "${ZERO3_ONLY:-}" ] && { tar -czf "$OUT/profile.tgz" -C "$OUT" profile && rm -rf "$D"; exit 0; }

@@ -82,6 +82,7 @@ class TrainBenchOptions(BaseModel):
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )
+    profile_stack: bool = Field(False, description="the profile records the Python functions too")
     summary_to: str | None = Field(
         None, description="copy the trainer's train_summary.json, with its per-step losses, to this path"
     )
@@ -203,6 +204,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
                         "tensorboard": False,
                         "every_steps": 10**6,
                         "profile_steps": 2 if options.profile_dir else 0,
+                        "profile_stack": options.profile_stack,
                     },
                     "step": options.step.model_dump(),
                     "sharding": options.sharding.model_dump(),

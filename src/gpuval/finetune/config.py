@@ -124,6 +124,11 @@ class LogSettings(_Strict):
         description="PyTorch-profile this many steps after the first two: OUTPUT/profile/trace.json "
         "(Perfetto) and operators.txt",
     )
+    profile_stack: bool = Field(
+        False,
+        description="the profile records the Python functions too (the profiler's with_stack): names the "
+        "code behind host time; slower steps and a much larger trace",
+    )
 
 
 class Fp8Settings(_Strict):

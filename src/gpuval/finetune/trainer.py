@@ -210,7 +210,7 @@ def train(
     while upcoming is not None:
         with phase(f"train step {step + 1}", step_expected_s(step_seconds)):
             if t.log.profile_steps and step == PROFILE_AFTER and runtime.is_main:
-                profiler = _start_profiler(runtime.on_gpu)
+                profiler = _start_profiler(runtime.on_gpu, t.log.profile_stack)
             started = time.perf_counter()
             if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
                 events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -314,11 +314,11 @@ def train(
     return summary
 
 
-def _start_profiler(on_gpu: bool) -> Any:
+def _start_profiler(on_gpu: bool, with_stack: bool) -> Any:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    profiler = profile(activities=activities)
+    profiler = profile(activities=activities, with_stack=with_stack)
     profiler.__enter__()
     return profiler
 
