@@ -26,7 +26,7 @@ from gpuval.finetune.config import finetune_config_from_dict, load_finetune_conf
 from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
 from gpuval.finetune.optim import lr_factor  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
-from gpuval.finetune.trainer import train  # noqa: E402
+from gpuval.finetune.trainer import BACKWARD, FORWARD, OPTIMIZER_STEP, train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +139,9 @@ def test_a_profiled_step_writes_its_trace_and_with_stack_names_the_python_behind
         name for name in python if "gpuval/finetune/parallel.py" in name and name.endswith(": backward")
     ]
     assert (len(forwards), len(backwards)) == ((1, 1) if stack else (0, 0)), (forwards, backwards)
+    # the step's phases as ranges, each once, in order
+    phases = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gpuval: ")]
+    assert [e["name"] for e in sorted(phases, key=lambda e: e["ts"])] == [FORWARD, BACKWARD, OPTIMIZER_STEP]
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp", "deepspeed"])

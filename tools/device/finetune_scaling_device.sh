@@ -32,6 +32,8 @@
 #                                                              # or two MLPs ahead, twice each
 #   PHASE=leanplus bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped, twice, against the
 #                                                              # frozen MLPs whole and one MLP prefetched
+#   PHASE=overlap2 bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its fetches on
+#                                                              # a stream of their own, twice each
 #   PHASE=zcompile bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its attention
 #                                                              # compiled (sharding.zero3_compile_whole)
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
@@ -175,6 +177,14 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
         echo "deepspeed-prefetch-mlp-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
         echo "deepspeed-prefetch-$GPUS-r$round $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch.json"
       done
+      ;;
+    overlap2)  # with the lean step: ZeRO-3's fetches on a stream of their own (overlap_comm; zero3.json's
+      # all-gathers otherwise wait for the compute queued before them), interleaved with zero3.json
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS-r1 $GPUS ${ZERO3[*]}"
+      echo "deepspeed-overlap-$GPUS-r1 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-overlap.json"
+      echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
+      echo "deepspeed-overlap-$GPUS-r2 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-overlap.json"
       ;;
     leanplus)  # with the lean step (the host's step work gone), what is left of the hooks' host work: the
       # frozen MLPs fetched whole (30 hooked modules instead of 86), one MLP prefetched ahead, both

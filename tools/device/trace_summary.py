@@ -124,8 +124,55 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
         "gap_in_python_between_ops_ms": round((gap_total - covered) * ms, 1),
         "gap_runtime_calls_ms": largest(by_runtime),
         "gap_ops_ms (nested ops counted in each)": largest(by_op_all),
+        **phases_of_gaps(events, gap_spans, main),
+        "largest_gaps": describe(events, gap_spans, python),
         **(python_in_gaps(python, gap_spans) if python else {}),
     }
+
+
+def phases_of_gaps(events: list[dict], gaps: list[tuple[float, float]], main: object) -> dict:
+    """The idle time by the step's phase the main thread was in (the trainer's `gpuval: ...` ranges)."""
+    phases = [
+        (e["ts"], e["ts"] + e["dur"], e["name"])
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and e.get("tid") == main
+        and e["name"].startswith("gpuval: ")
+    ]
+    spent: dict[str, float] = defaultdict(float)
+    for name in {n for _, _, n in phases}:
+        spent[name] = overlap(union([(a, b) for a, b, n in phases if n == name]), gaps)
+    spent["(outside them)"] = length(gaps) - sum(spent.values())
+    return {"gap_by_phase_ms": largest(spent)} if phases else {}
+
+
+def describe(events: list[dict], gaps: list[tuple[float, float]], python: list[dict], n: int = 8) -> list:
+    """The n longest gaps: when (ms from the first kernel), how long, and what the host ran meanwhile (the
+    operators and, with stacks, the DeepSpeed/gpuval/... functions overlapping it most, any thread)."""
+    first = gaps[0][0] if gaps else 0.0
+    ops = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    library = [e for e in python if any(o in e["name"] for o in OWNERS)]
+    described = []
+    for a, b in sorted(gaps, key=lambda g: g[0] - g[1])[:n]:
+
+        def most(selected: list[dict], a: float = a, b: float = b) -> list[list]:
+            # per name: the most of the gap one of its calls covers, and that call's length; listed by
+            # coverage, then innermost (shortest call) first, so enclosing frames come after
+            spent: dict[str, tuple[float, float]] = {}
+            for e in selected:
+                if e["ts"] < b and e["ts"] + e["dur"] > a:
+                    name = e["name"].split("site-packages/")[-1][:90]
+                    covered = round(min(b, e["ts"] + e["dur"]) - max(a, e["ts"]), -1)  # 10 us steps
+                    spent[name] = max(spent.get(name, (0.0, 0.0)), (covered, -e["dur"]))
+            ranked = sorted(spent.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))[:6]
+            return [[name, round(covered * 1e-3, 2)] for name, (covered, _) in ranked]
+
+        described.append(
+            {"at_ms": round((a - first) * 1e-3, 1), "ms": round((b - a) * 1e-3, 2), "ops": most(ops)}
+            | ({"python": most(library)} if library else {})
+        )
+    return described
 
 
 OWNERS = ("deepspeed/", "gpuval/", "peft/", "transformers/", "accelerate/")

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from gpuval.atomic import write_text_atomic
 from gpuval.deadline import phase, step_expected_s
@@ -61,6 +62,8 @@ from gpuval.runtime import Runtime
 
 TENSORBOARD = "tensorboard"
 PROFILE = "profile"  # train.log.profile_steps: trace.json and operators.txt
+# The step's phases, as ranges in the profile (tools/device/trace_summary.py charges idle time to them)
+FORWARD, BACKWARD, OPTIMIZER_STEP = "gpuval: forward", "gpuval: backward", "gpuval: optimizer step"
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
 # how the step ran besides its parts' reports ("sharding": how fsdp moved the gathered weights, else None)
@@ -231,12 +234,14 @@ def train(
                     last_mlp.use(rows)
                 # Gradients are reduced across ranks only on the last micro-batch of the step.
                 with parallel.accumulating(last=index == len(current.batches) - 1):
-                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on):
+                    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast_on)
+                    with autocast, record_function(FORWARD):
                         # logits, or the final hidden states when the loss head is fused (loss_head.py)
                         model_out = parallel.module(**batch).logits
                         token_losses_sum = loss_head(model_out, None if keep else rows, targets)
-                    # × world: the gradient reduction divides the summed gradients by the world size.
-                    parallel.backward(token_losses_sum * world / label_tokens_on_device)
+                    with record_function(BACKWARD):
+                        # × world: the gradient reduction divides the summed gradients by the world size.
+                        parallel.backward(token_losses_sum * world / label_tokens_on_device)
                 if last_mlp is not None:
                     last_mlp.use(None)
                 loss_sum += token_losses_sum.detach().double()
@@ -250,7 +255,8 @@ def train(
             upcoming = step_batches(step + 1) if step + 1 < last_step else None
 
             lr = parallel.lr()
-            grad_norm = parallel.step(t.optim.grad_clip)
+            with record_function(OPTIMIZER_STEP):
+                grad_norm = parallel.step(t.optim.grad_clip)
             step += 1
             # The step's loss and this rank's count of adapter tensors no longer finite, in one reduction:
             # every rank sees the same two numbers, so every rank stops at the same step (none waits in a
