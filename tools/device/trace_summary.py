@@ -101,7 +101,12 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
     threads: dict[object, int] = defaultdict(int)
     for e in ops:
         threads[e.get("tid")] += 1
-    main = max(threads, key=lambda t: threads[t])  # the thread that ran the most operators
+    # the trainer's thread: the one holding its phase ranges; else the one that ran the most operators (on a
+    # GPU, autograd's device thread can run more than the main thread)
+    phase_threads = {
+        e.get("tid") for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("gpuval: ")
+    }
+    main = next(iter(phase_threads)) if len(phase_threads) == 1 else max(threads, key=lambda t: threads[t])
     gap_spans = union(gaps)
 
     def inside(selected: list[dict]) -> dict[str, float]:
