@@ -50,13 +50,24 @@ def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Modul
     return model, decoder_layers(model)
 
 
-def _plan(setting, model, layers, stage=3, whole_lora="auto", unhook="auto", lean="auto", compiled="auto"):
+def _plan(
+    setting,
+    model,
+    layers,
+    stage=3,
+    whole_lora="auto",
+    unhook="auto",
+    lean="auto",
+    compiled="auto",
+    epilogue="auto",
+):
     settings = ShardingSettings(
         zero3_frozen_leaves=setting,
         zero3_whole_lora=whole_lora,
         zero3_unhook_whole=unhook,
         zero3_lean_step=lean,
         zero3_compile_whole=compiled,
+        zero3_fused_epilogue=epilogue,
     )
     return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
 
@@ -80,6 +91,10 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
     assert _plan(True, model, layers, lean=True).zero3_lean_step
     assert not _plan("auto", model, layers, lean=False).zero3_lean_step
     assert not _plan("auto", model, layers, stage=2).zero3_lean_step
+    # and the gradient bucket reduced by a fixed number of operations, likewise
+    assert _plan("auto", model, layers).zero3_fused_epilogue
+    assert not _plan("auto", model, layers, epilogue=False).zero3_fused_epilogue
+    assert not _plan("auto", model, layers, stage=2).zero3_fused_epilogue
     # compiling the submodules whose weights are all whole only when set (auto: off until measured)
     assert not _plan("auto", model, layers).zero3_compile_whole
     assert _plan("auto", model, layers, compiled=True).zero3_compile_whole

@@ -633,13 +633,15 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
         # and the MLP (the head is out of the model: the fused loss). The optimizer step keeps gathered
         # the 43 frozen weights kept whole (in each layer q's bias, k's and v's weights and biases, the two
         # norms; the final norm) and the adapter's 48 (A and B of q, k, v, o in 6 layers), these brought
-        # up to date by one all-gather: a slice wrongly placed would change every loss after the first
+        # up to date by one all-gather: a slice wrongly placed would change every loss after the first;
+        # the adapter's gradients reduced by gpuval's epilogue (its add path too: 2 micro-batches a step)
         assert re.fullmatch(
             r"zero3: 6 frozen submodules \(Qwen2MLP\) fetched whole \(set\)"
             r" \| zero3: 12 LoRA layers kept whole run as one module each"
             r" \| zero3: hooks on 20 of \d+ modules, the others own no partitioned weight"
             r" \| zero3: the step keeps the 91 weights kept whole gathered, the 48 trainable ones brought up"
-            r" to date by one all-gather",
+            r" to date by one all-gather"
+            r" \| zero3: the gradient bucket reduced by a fixed number of operations",
             summary["sharding"],
         ), summary["sharding"]
     assert summary["world_size"] == 2 and summary["parallel"] == parallel

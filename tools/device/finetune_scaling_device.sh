@@ -34,6 +34,8 @@
 #                                                              # frozen MLPs whole and one MLP prefetched
 #   PHASE=overlap2 bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its fetches on
 #                                                              # a stream of their own, twice each
+#   PHASE=epilogue bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against DeepSpeed's
+#                                                              # gradient epilogue, twice each
 #   PHASE=zcompile bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its attention
 #                                                              # compiled (sharding.zero3_compile_whole)
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
@@ -185,6 +187,14 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-overlap-$GPUS-r1 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-overlap.json"
       echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
       echo "deepspeed-overlap-$GPUS-r2 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-overlap.json"
+      ;;
+    epilogue)  # ZeRO-3 as shipped (the gradient bucket reduced by gpuval's fused epilogue, auto) against
+      # DeepSpeed's epilogue (zero3_fused_epilogue=false), interleaved, twice each
+      echo "1gpu 1"
+      for round in 1 2; do
+        echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
+        echo "deepspeed-ds-epilogue-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_fused_epilogue=false"
+      done
       ;;
     leanplus)  # with the lean step (the host's step work gone), what is left of the hooks' host work: the
       # frozen MLPs fetched whole (30 hooked modules instead of 86), one MLP prefetched ahead, both

@@ -279,6 +279,13 @@ class ShardingSettings(_Strict):
         "(finetune/sharding.py). auto: true (measured: 76 % of one GPU's rate on 4 GPUs against 71 and "
         "72 % with DeepSpeed's step)",
     )
+    zero3_fused_epilogue: bool | Literal["auto"] = Field(
+        "auto",
+        description="ZeRO-3 (deepspeed, stage 3): reduce the adapter's gradients at the end of each backward "
+        "by one multi-tensor copy, one reduce-scatter and one multi-tensor copy into the fp32 partitions, "
+        "where DeepSpeed runs several operations per weight while the GPU waits; the arithmetic is "
+        "DeepSpeed's (finetune/sharding.py). auto: true",
+    )
     zero3_compile_whole: bool | Literal["auto"] = Field(
         "auto",
         description="ZeRO-3 (deepspeed, stage 3): torch.compile each submodule of a decoder layer "

@@ -32,6 +32,7 @@ from gpuval.finetune.optim import make_optimizer_and_schedule
 from gpuval.finetune.sharding import (
     ShardingPlan,
     compile_whole_submodules,
+    fused_gradient_epilogue,
     lean_step,
     run_lora_whole,
     unhook_whole_modules,
@@ -253,6 +254,12 @@ class DeepSpeed(Parallel):
                 if counts is None
                 else f" | zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
                 f"the {counts[1]} trainable ones brought up to date by one all-gather"
+            )
+        if sharding.zero3_fused_epilogue:
+            self.note += (
+                " | zero3: the gradient bucket reduced by a fixed number of operations"
+                if fused_gradient_epilogue(engine)
+                else " | zero3: fused epilogue off, this DeepSpeed's ZeRO-3 optimizer lacks a part of it"
             )
         if sharding.zero3_compile_whole:  # after the whole LoRA forwards, before the first forward
             names = compile_whole_submodules(decoder_layers(peft_model))

@@ -104,6 +104,19 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   A CPU stand-in with Qwen2-7B's module structure at hidden size 112 (two gloo ranks) went from about
   1,150 to 560–710 ms per step, DDP's 540.
 
+- `zero3_fused_epilogue` (ZeRO-3). The adapter's gradients, which DeepSpeed's hooks copy into one bucket
+  during the backward, are reduced at its end (`__reduce_and_partition_ipg_grads`): DeepSpeed cuts each
+  weight's gradient into one slice per rank, concatenates them rank by rank, reduce-scatters, and then,
+  weight by weight, converts this rank's slice to fp32 and copies it into the optimizer's gradient
+  partition: for Qwen2-7B's 224 adapter weights about a thousand operations, launched one by one by
+  Python at the one point of the step where the GPU has nothing else queued (the longest idle gaps of a
+  profiled ZeRO-3 step on 2×H200, 12 and 16 ms:
+  `benchmarks/results/2026-11-28-h200x2-finetune-zero3-profile/`).
+  `fused_gradient_epilogue` lays the views out once and then runs the same arithmetic as one multi-tensor
+  copy into the rank-by-rank order, one reduce-scatter and one multi-tensor copy (or add, when the step
+  accumulates micro-batches) into the partitions (`_BucketEpilogue`). Every case DeepSpeed's reduce-scatter
+  path with contiguous gradients does not cover is left to DeepSpeed. `auto` is on.
+
 Sources: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
 (https://deepspeed.readthedocs.io/en/latest/zero3.html, "Leaf modules" under "Debugging").
@@ -161,6 +174,7 @@ class ShardingPlan:
     zero3_unhook_whole: bool = False  # deepspeed stage 3: no fetch hooks on modules with nothing to fetch
     zero3_lean_step: bool = False  # deepspeed stage 3: weights kept whole stay gathered through the step
     zero3_compile_whole: bool = False  # deepspeed stage 3: submodules with whole weights only compiled
+    zero3_fused_epilogue: bool = False  # deepspeed stage 3: the gradient bucket reduced by fixed operations
 
     @classmethod
     def replicated(cls) -> ShardingPlan:
@@ -196,6 +210,7 @@ def plan_sharding(
     unhook = settings.zero3_unhook_whole is not False  # auto: on (module docstring)
     lean = settings.zero3_lean_step is not False  # auto: on (module docstring)
     compiled = settings.zero3_compile_whole is True  # auto: off (module docstring)
+    epilogue = settings.zero3_fused_epilogue is not False  # auto: on (module docstring)
     return ShardingPlan(
         False,
         leaves,
@@ -205,6 +220,7 @@ def plan_sharding(
         zero3_unhook_whole=unhook,
         zero3_lean_step=lean,
         zero3_compile_whole=compiled,
+        zero3_fused_epilogue=epilogue,
     )
 
 
@@ -475,3 +491,133 @@ def unhook_whole_modules(engine: Any) -> tuple[int, int]:
     if not coordinator.is_invalid_trace():  # a trace recorded with the removed modules would not match
         coordinator._invalidate_trace()
     return len(hooked) - len(idle), len(hooked)
+
+
+# DeepSpeed's ZeRO-3 optimizer method that reduces the gradient bucket and copies each weight's partition
+# into the fp32 gradient partitions (`__reduce_and_partition_ipg_grads`: private, so name-mangled)
+REDUCE_BUCKET = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
+GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
+
+
+def fused_gradient_epilogue(engine: Any) -> bool:
+    """After `deepspeed.initialize` with ZeRO-3: the reduction of the gradient bucket at the end of each
+    backward by a fixed number of operations instead of several per weight (module docstring). Returns
+    False when this DeepSpeed's optimizer lacks a part this replaces (then nothing is)."""
+    optimizer = engine.optimizer
+    needed = (REDUCE_BUCKET, GRAD_PARTITIONS, "ipg_buckets", "micro_step_id", "_offload_boundary_param_ids")
+    if not all(hasattr(optimizer, name) for name in needed):
+        return False
+    setattr(optimizer, REDUCE_BUCKET, _BucketEpilogue(optimizer, getattr(optimizer, REDUCE_BUCKET)))
+    return True
+
+
+class _BucketEpilogue:
+    """DeepSpeed's reduction of one gradient bucket, as one multi-tensor copy, one reduce-scatter and one
+    multi-tensor copy (or add, when accumulating) into the fp32 gradient partitions, with every view laid
+    out once. The arithmetic is DeepSpeed's reduce-scatter path (`reduce_scatter_coalesced`, then
+    `partition_grads`): each weight's gradient cut into one chunk per rank, the chunks laid out rank by rank,
+    divided by the world size in the gradients' dtype, summed by the reduce-scatter, this rank's chunks
+    converted to the partitions' dtype and copied (or added) into them. Any case that path does not cover
+    (offloaded optimizer, a size that needs padding, several process groups, gradient scaling factors, the
+    all-reduce or all-to-all paths, gradients outside the bucket's buffer) is left to DeepSpeed's own."""
+
+    def __init__(self, optimizer: Any, original: Any) -> None:
+        self.optimizer = optimizer
+        self.original = original
+        self.plan: tuple[Any, ...] | None = None
+
+    def __call__(self, communication_data_type: torch.dtype) -> None:
+        optimizer = self.optimizer
+        bucket = optimizer.ipg_buckets[communication_data_type]
+        params = bucket.params
+        if not params:
+            return
+        key = self._key(params)
+        if self.plan is None or self.plan[0] != key:
+            self.plan = self._lay_out(bucket, communication_data_type)
+        if self.plan[1] is None:  # a case DeepSpeed's own path handles
+            self.original(communication_data_type)
+            return
+        _, (group, world, send, into_send, chunks, received, converted, into, parts) = self.plan
+        from deepspeed.accelerator import get_accelerator
+
+        with get_accelerator().stream(optimizer.reduce_and_partition_stream):
+            torch._foreach_copy_(into_send, chunks)
+            send.div_(world)
+            torch.distributed.reduce_scatter_tensor(received, send, group=group)
+            if converted is not received:
+                converted.copy_(received)
+            if optimizer.micro_step_id == 0:
+                torch._foreach_copy_(into, parts)
+            else:
+                torch._foreach_add_(into, parts)
+        optimizer._offload_boundary_param_ids.update(p.ds_id for p in params)
+        # the gradients are views of the bucket's buffer, which DeepSpeed keeps for the whole run: no
+        # stream use to record for a later free, as DeepSpeed does for gradients of their own
+        for param in params:
+            param.grad = None
+        params.clear()
+        bucket.elements = 0
+        bucket.process_group = None
+
+    def _key(self, params: list[Any]) -> list[Any]:
+        """What the views are laid out for: the bucket's weights and where their gradients lie, and the
+        partitions' storage (DeepSpeed's offload_states and reload_states make it anew)."""
+        partitions = getattr(self.optimizer, GRAD_PARTITIONS)
+        flat = getattr(self.optimizer, "grad_partitions_flat_buffer", None)
+        where = (id(partitions), None if flat is None else flat.data_ptr())
+        return [where, *((p.ds_id, p.grad.data_ptr()) for p in params)]
+
+    def _lay_out(self, bucket: Any, communication_data_type: torch.dtype) -> tuple[Any, Any]:
+        optimizer = self.optimizer
+        params = list(bucket.params)
+        key = self._key(params)
+        group = bucket.process_group
+        world = torch.distributed.get_world_size(group)
+        buffer = bucket.buffer
+        begin = buffer.data_ptr()
+        end = begin + buffer.numel() * buffer.element_size()
+        grads = [p.grad for p in params]
+        covered = (
+            optimizer.reduce_scatter
+            and optimizer.contiguous_gradients
+            and not optimizer.offload_optimizer
+            and not getattr(optimizer, "zenflow", False)
+            and getattr(optimizer, "all2all_process_group", None) is None
+            and optimizer.gradient_predivide_factor == 1.0
+            and communication_data_type == optimizer.dtype
+            and optimizer._gradient_averaging_world_size(params, world) == world
+            and all(optimizer._get_param_partition_group(p) is group for p in params)
+            and all(
+                g.dtype == communication_data_type
+                and g.is_contiguous()
+                and begin <= g.data_ptr() < end
+                and g.numel() == p.ds_numel
+                and g.numel() % world == 0
+                and p.partition_numel() == g.numel() // world
+                for p, g in zip(params, grads, strict=True)
+            )
+        )
+        if not covered:
+            return key, None
+        sizes = [g.numel() // world for g in grads]  # each rank's chunk of each weight
+        total = sum(sizes)
+        send = torch.empty(world * total, dtype=communication_data_type, device=buffer.device)
+        by_rank = send.view(world, total)
+        received = torch.empty(total, dtype=communication_data_type, device=buffer.device)
+        partitions = getattr(optimizer, GRAD_PARTITIONS)
+        into = [partitions[p.ds_id].narrow(0, 0, size) for p, size in zip(params, sizes, strict=True)]
+        dtype = into[0].dtype
+        if any(t.dtype != dtype for t in into):
+            return key, None
+        converted = (
+            received if dtype == received.dtype else torch.empty(total, dtype=dtype, device=send.device)
+        )
+        into_send, chunks, parts = [], [], []
+        offset = 0
+        for grad, size in zip(grads, sizes, strict=True):
+            into_send.append(by_rank.narrow(1, offset, size))  # rank r's chunk at row r
+            chunks.append(grad.view(world, size))
+            parts.append(converted.narrow(0, offset, size))
+            offset += size
+        return key, (group, world, send, into_send, chunks, received, converted, into, parts)
