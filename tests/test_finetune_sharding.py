@@ -91,10 +91,10 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
     assert _plan(True, model, layers, lean=True).zero3_lean_step
     assert not _plan("auto", model, layers, lean=False).zero3_lean_step
     assert not _plan("auto", model, layers, stage=2).zero3_lean_step
-    # and the gradient bucket reduced by a fixed number of operations, likewise
-    assert _plan("auto", model, layers).zero3_fused_epilogue
-    assert not _plan("auto", model, layers, epilogue=False).zero3_fused_epilogue
-    assert not _plan("auto", model, layers, stage=2).zero3_fused_epilogue
+    # the gradient bucket reduced by a fixed number of operations only when set (auto: off, measured)
+    assert not _plan("auto", model, layers).zero3_fused_epilogue
+    assert _plan("auto", model, layers, epilogue=True).zero3_fused_epilogue
+    assert not _plan("auto", model, layers, stage=2, epilogue=True).zero3_fused_epilogue
     # compiling the submodules whose weights are all whole only when set (auto: off until measured)
     assert not _plan("auto", model, layers).zero3_compile_whole
     assert _plan("auto", model, layers, compiled=True).zero3_compile_whole

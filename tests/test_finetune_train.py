@@ -570,7 +570,11 @@ def fused_config(
     if mode == "deepspeed":  # q, o, the MLPs and the embeddings partitioned, each frozen MLP fetched whole;
         # k, v and the adapter kept whole, their LoRA layers run as one module
         settings["deepspeed_config"] = str(keep_kv_whole(output.parent))
-        settings["sharding"] = {"zero3_frozen_leaves": True, "zero3_whole_lora": True}
+        settings["sharding"] = {
+            "zero3_frozen_leaves": True,
+            "zero3_whole_lora": True,
+            "zero3_fused_epilogue": True,
+        }
     data = config_dict(train_file, output, **settings, parallel=mode)
     data["model"] = str(model)
     data["lora"]["target_modules"] = ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -36,6 +36,8 @@
 #                                                              # a stream of their own, twice each
 #   PHASE=epilogue bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against DeepSpeed's
 #                                                              # gradient epilogue, twice each
+#   PHASE=four bash tools/device/finetune_scaling_device.sh      # ZeRO-3 as shipped against the fused
+#                                                              # epilogue and one MLP prefetched (4 GPUs)
 #   PHASE=zcompile bash tools/device/finetune_scaling_device.sh  # ZeRO-3 as shipped against its attention
 #                                                              # compiled (sharding.zero3_compile_whole)
 #   RUNS="1gpu ddp-4" ... runs those names only (see `runs_for` below)
@@ -188,13 +190,22 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
       echo "deepspeed-overlap-$GPUS-r2 $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-overlap.json"
       ;;
-    epilogue)  # ZeRO-3 as shipped (the gradient bucket reduced by gpuval's fused epilogue, auto) against
-      # DeepSpeed's epilogue (zero3_fused_epilogue=false), interleaved, twice each
+    epilogue)  # ZeRO-3 with the gradient bucket reduced by gpuval's fused epilogue (auto at cdd9d42, where
+      # this phase ran; off since) against DeepSpeed's epilogue (zero3_fused_epilogue=false), twice each
       echo "1gpu 1"
       for round in 1 2; do
         echo "deepspeed-$GPUS-r$round $GPUS ${ZERO3[*]}"
         echo "deepspeed-ds-epilogue-$GPUS-r$round $GPUS ${ZERO3[*]} --set sharding.zero3_fused_epilogue=false"
       done
+      ;;
+    four)  # ZeRO-3 as shipped, twice, against the gradient bucket reduced by gpuval's fused epilogue (twice)
+      # and one MLP prefetched ahead; interleaved
+      echo "1gpu 1"
+      echo "deepspeed-$GPUS-r1 $GPUS ${ZERO3[*]}"
+      echo "deepspeed-epilogue-$GPUS-r1 $GPUS ${ZERO3[*]} --set sharding.zero3_fused_epilogue=true"
+      echo "deepspeed-prefetch-mlp-$GPUS $GPUS ${ZERO3[*]} --set deepspeed_config=$W/zero3-prefetch-mlp.json"
+      echo "deepspeed-$GPUS-r2 $GPUS ${ZERO3[*]}"
+      echo "deepspeed-epilogue-$GPUS-r2 $GPUS ${ZERO3[*]} --set sharding.zero3_fused_epilogue=true"
       ;;
     leanplus)  # with the lean step (the host's step work gone), what is left of the hooks' host work: the
       # frozen MLPs fetched whole (30 hooked modules instead of 86), one MLP prefetched ahead, both
