@@ -114,6 +114,7 @@ def test_loss_goes_down_and_the_adapter_loads_with_peft(runtime, train_file, tmp
     assert len(saved) == len(loaded)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stack", [False, True])
 def test_a_profiled_step_writes_its_trace_and_with_stack_names_the_python_behind_it(
     runtime, train_file, tmp_path, stack

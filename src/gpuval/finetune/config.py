@@ -276,7 +276,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): keep the weights ZeRO-3 keeps whole gathered through "
         "each optimizer step (DeepSpeed releases them and gathers each again by an all-gather of its own) "
         "and bring the trainable ones up to date in place by one all-gather; the update is DeepSpeed's "
-        "(finetune/sharding.py). auto: true (measured: 76 % of one GPU's rate on 4 GPUs against 71 and "
+        "(finetune/zero3_step.py). auto: true (measured: 76 % of one GPU's rate on 4 GPUs against 71 and "
         "72 % with DeepSpeed's step)",
     )
     zero3_fused_epilogue: bool | Literal["auto"] = Field(
@@ -284,7 +284,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): reduce the adapter's gradients at the end of each backward "
         "by one multi-tensor copy, one reduce-scatter and one multi-tensor copy into the fp32 partitions, "
         "where DeepSpeed runs several operations per weight while the GPU waits; the arithmetic is "
-        "DeepSpeed's (finetune/sharding.py). auto: false (measured on 2 GPUs: the step's longest idle gaps "
+        "DeepSpeed's (finetune/zero3_step.py). auto: false (measured on 2 GPUs: the step's longest idle gaps "
         "gone, its rate unchanged within ZeRO-3's spread)",
     )
     zero3_compile_whole: bool | Literal["auto"] = Field(

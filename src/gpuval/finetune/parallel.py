@@ -32,11 +32,10 @@ from gpuval.finetune.optim import make_optimizer_and_schedule
 from gpuval.finetune.sharding import (
     ShardingPlan,
     compile_whole_submodules,
-    fused_gradient_epilogue,
-    lean_step,
     run_lora_whole,
     unhook_whole_modules,
 )
+from gpuval.finetune.zero3_step import fused_gradient_epilogue, lean_step
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
