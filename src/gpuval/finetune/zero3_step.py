@@ -40,8 +40,8 @@ instance, after `deepspeed.initialize`; the classes stay as DeepSpeed made them.
   path with contiguous gradients does not cover is left to DeepSpeed. `auto` is off: on 2×H200 it took
   rank 0's end-of-backward gaps from 16 and 12 ms to 5 and 4 ms in a profiled step, but gave 83.6 % and
   83.9 % of one GPU's tokens/s per GPU against 84.6 % and 82.6 % with DeepSpeed's epilogue, interleaved in
-  one call: no difference within ZeRO-3's spread
-  (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-profile/`).
+  one call: no difference within ZeRO-3's spread; on one H200 at world size 1 (no peer to wait for) 81.6 %
+  and 84.2 % against 82.0 % and 81.9 % (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-profile/`).
 """
 
 from __future__ import annotations
