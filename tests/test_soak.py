@@ -4,10 +4,11 @@ summary and its report, and a clean stop on a signal.
 The judgement is fed real data in-process: each iteration's health checks and NVML inventory come from a
 recording of an H200 node (tests/data/nvml/h200x2.json, replayed by tests/nvml_replay.py), the second
 iteration's recording with an ECC counter grown and a hardware slowdown raised, as a GPU that degrades
-under a long run would show them. End to end, `gpuval accept --profile cpu --iterations 3` runs two gloo
-ranks, and tests/dist/soakhook starts a fault in iteration 2 (told by the soak's own iterations.jsonl):
-matmul twenty times slower, as on a GPU whose clocks dropped, read by the benchmark's own timers; or,
-through gpuval's NVML layer replaying the H100 recording, an uncorrectable ECC count that grows.
+under a long run would show them. End to end, `gpuval accept --iterations 3` (the cpu profile less its
+train check) runs two gloo ranks, and tests/dist/soakhook starts a fault in iteration 2 (told by the
+soak's own iterations.jsonl): matmul twenty times slower, as on a GPU whose clocks dropped, read by the
+benchmark's own timers; or, through gpuval's NVML layer replaying the H100 recording, an uncorrectable
+ECC count that grows.
 """
 
 from __future__ import annotations
@@ -36,13 +37,26 @@ from gpuval.soak import ITERATIONS_FILE, SoakPlan, parse_duration, run_soak, soa
 
 NODE = "n1"
 SOAKHOOK = Path(__file__).parent / "dist" / "soakhook"
-# Each iteration small (one collective size, --quick), so three take seconds on two shared cores.
-SMALL = [
-    "--profile",
-    "cpu",
+# Each iteration small (one collective size, --quick, and the cpu profile without its train check, which
+# no test here reads: the train benchmark imports transformers and trains in each rank, about half an
+# iteration's CPU), so three take seconds on two shared cores.
+SMALL_SETS = [
     "--quick",
     *("--set", "benchmarks.collectives.min_bytes=1MiB", "--set", "benchmarks.collectives.max_bytes=1MiB"),
 ]
+CPU_PROFILE = Path(__file__).parents[1] / "src" / "gpuval" / "profiles" / "cpu.yaml"
+
+
+def small(folder: Path) -> list[str]:
+    """The accept arguments of one small iteration: the cpu profile less its train check, written into
+    `folder`."""
+    import yaml
+
+    profile = yaml.safe_load(CPU_PROFILE.read_text(encoding="utf-8"))
+    del profile["checks"]["train.tokens_per_s_per_gpu"]
+    path = folder / "cpu-no-train.yaml"
+    path.write_text(yaml.safe_dump(profile), encoding="utf-8")
+    return ["--profile", str(path), *SMALL_SETS]
 
 
 # --- options ------------------------------------------------------------------------------------------
@@ -345,7 +359,7 @@ def test_a_slowdown_in_iteration_2_is_named_and_fails_the_soak(tmp_path):
     """Three iterations on two gloo ranks; in the second, matmul runs at a twentieth of its speed. The
     summary names iteration 2 and matmul's drift, iterations.jsonl holds three full results, exit 1."""
     out = tmp_path / "out"
-    proc = _start(tmp_path, [*SMALL, "--iterations", "3", "--output", str(out)], slow="20")
+    proc = _start(tmp_path, [*small(tmp_path), "--iterations", "3", "--output", str(out)], slow="20")
     code, stdout, stderr = _finish(proc)
     assert code == 1, stdout[-3000:] + stderr[-3000:]
     summary, checks = _summary(out, 3)
@@ -405,7 +419,7 @@ def test_sigint_after_iteration_1_keeps_it_and_writes_the_summary(tmp_path):
     log = out / ITERATIONS_FILE
     out.mkdir()
     (out / "result.json").write_text('{"verdict": "PASS"}')  # an older run's: must not survive
-    proc = _start(tmp_path, [*SMALL, "--iterations", "20", "--output", str(out)])
+    proc = _start(tmp_path, [*small(tmp_path), "--iterations", "20", "--output", str(out)])
     _wait_for_lines(log, 1, proc)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
