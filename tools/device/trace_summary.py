@@ -115,9 +115,13 @@ def host_in_gaps(events: list[dict], gaps: list[tuple[float, float]]) -> dict:
             spent[e["name"][:60]] += overlap([(e["ts"], e["ts"] + e["dur"])], gap_spans)
         return spent
 
-    python = [
-        e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function" and e.get("tid") == main
-    ]
+    # every thread's but Python's own threads (gpuval's deadline watchers, waiting): the backward's hooks
+    # run on autograd's device thread, which Python did not start
+    python = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    started = {
+        e.get("tid") for e in python if "threading.py" in e["name"] and e["name"].endswith(": _bootstrap")
+    }
+    python = [e for e in python if e.get("tid") not in started]
     by_runtime = inside([e for e in runtime if e.get("tid") == main])
     by_op_all = inside([e for e in ops if e.get("tid") == main])
     main_busy = union([(e["ts"], e["ts"] + e["dur"]) for e in ops + runtime if e.get("tid") == main])

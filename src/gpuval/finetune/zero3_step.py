@@ -207,7 +207,7 @@ class _BucketEpilogue:
     def __init__(self, optimizer: Any, original: Any) -> None:
         self.optimizer = optimizer
         self.original = original
-        self.plan: tuple[Any, ...] | None = None
+        self.plan: tuple[list[Any], tuple[Any, ...] | None] | None = None  # (key, views)
 
     def __call__(self, communication_data_type: torch.dtype) -> None:
         optimizer = self.optimizer
@@ -217,7 +217,7 @@ class _BucketEpilogue:
             return
         key = self._key(params)
         if self.plan is None or self.plan[0] != key:
-            self.plan = self._lay_out(bucket, communication_data_type)
+            self.plan = key, self._lay_out(bucket, communication_data_type)
         if self.plan[1] is None:  # a case DeepSpeed's own path handles
             self.original(communication_data_type)
             return
@@ -251,10 +251,10 @@ class _BucketEpilogue:
         where = (id(partitions), None if flat is None else flat.data_ptr())
         return [where, *((p.ds_id, p.grad.data_ptr()) for p in params)]
 
-    def _lay_out(self, bucket: Any, communication_data_type: torch.dtype) -> tuple[Any, Any]:
+    def _lay_out(self, bucket: Any, communication_data_type: torch.dtype) -> tuple[Any, ...] | None:
+        """The views for this bucket's weights, or None where DeepSpeed's own path is the one to run."""
         optimizer = self.optimizer
         params = list(bucket.params)
-        key = self._key(params)
         group = bucket.process_group
         world = torch.distributed.get_world_size(group)
         buffer = bucket.buffer
@@ -282,7 +282,7 @@ class _BucketEpilogue:
             )
         )
         if not covered:
-            return key, None
+            return None
         sizes = [g.numel() // world for g in grads]  # each rank's chunk of each weight
         total = sum(sizes)
         send = torch.empty(world * total, dtype=communication_data_type, device=buffer.device)
@@ -292,7 +292,7 @@ class _BucketEpilogue:
         into = [partitions[p.ds_id].narrow(0, 0, size) for p, size in zip(params, sizes, strict=True)]
         dtype = into[0].dtype
         if any(t.dtype != dtype for t in into):
-            return key, None
+            return None
         converted = (
             received if dtype == received.dtype else torch.empty(total, dtype=dtype, device=send.device)
         )
@@ -303,4 +303,4 @@ class _BucketEpilogue:
             chunks.append(grad.view(world, size))
             parts.append(converted.narrow(0, offset, size))
             offset += size
-        return key, (group, world, send, into_send, chunks, received, converted, into, parts)
+        return group, world, send, into_send, chunks, received, converted, into, parts
