@@ -341,7 +341,9 @@ while read -r name n args; do
   fi
 done < <(runs_for "$PHASE")
 
-cp /tmp/gpuval-error-*.log "$D/" 2>/dev/null  # tracebacks of crashed runs (bench run's save_traceback)
+# tracebacks of this call's crashed runs (bench run's save_traceback): a machine kept warm between calls
+# still holds an earlier call's, which are older than this call's env.json
+find /tmp -maxdepth 1 -name 'gpuval-error-*.log' -newer "$D/env.json" -exec cp {} "$D/" \;
 python3 tools/device/scaling_table.py "$D" | tee "$D/table.txt"
 # one archive: the device tool brings back eight files at most
 tar -czf "$OUT/$PHASE.tgz" -C "$OUT" "$PHASE" && find "$D" -type f ! -name table.txt -delete

@@ -22,7 +22,8 @@ instance, after `deepspeed.initialize`; the classes stay as DeepSpeed made them.
   all-gather) gave 76.3 % and 76.3 % of one GPU's tokens/s per GPU against 71.8 % and 71.0 % with
   DeepSpeed's step, interleaved in one call, and 0.9 GiB less memory per GPU; on 2 GPUs 79.5 %, and the
   form as shipped 83.4 % and 83.4 % on 2×H200 against 73.9 % and 76.8 % with DeepSpeed's step
-  (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-lean/`).
+  (`benchmarks/results/2026-11-28-h200x4-finetune-zero3-lean/`); as shipped on 4×H200, 80.4 %, 80.7 % and
+  81.9 % in two calls (`benchmarks/results/2026-11-28-h200x4-finetune-scaling/`).
   A CPU stand-in with Qwen2-7B's module structure at hidden size 112 (two gloo ranks) went from about
   1,150 to 560–710 ms per step, DDP's 540.
 
@@ -41,7 +42,9 @@ instance, after `deepspeed.initialize`; the classes stay as DeepSpeed made them.
   rank 0's end-of-backward gaps from 16 and 12 ms to 5 and 4 ms in a profiled step, but gave 83.6 % and
   83.9 % of one GPU's tokens/s per GPU against 84.6 % and 82.6 % with DeepSpeed's epilogue, interleaved in
   one call: no difference within ZeRO-3's spread; on one H200 at world size 1 (no peer to wait for) 81.6 %
-  and 84.2 % against 82.0 % and 81.9 % (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-profile/`).
+  and 84.2 % against 82.0 % and 81.9 % (`benchmarks/results/2026-11-28-h200x2-finetune-zero3-profile/`);
+  on 4×H200 81.5 % and 81.2 % against 80.7 % and 81.9 %, interleaved
+  (`benchmarks/results/2026-11-28-h200x4-finetune-scaling/`).
 """
 
 from __future__ import annotations
