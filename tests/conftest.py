@@ -102,7 +102,9 @@ ALSO_SLOW = ("dist", "slurm", "browser")  # markers that imply `slow`
 # Modules whose code behaves differently from one torch release to the next (docs/torch-versions.md): the
 # launcher and runtime (LaunchConfig's fields), collective deadlines (_set_pg_timeout), the fine-tune
 # trainer, its parallel modes and kernels (varlen attention, compiled dropout, FP8 _scaled_mm), and the
-# benchmarks' timing and collectives. .ci/run runs them, with every dist test, on the lowest torch too.
+# benchmarks' collectives (timed through gpuval.timing's `measure` on the release). .ci/run runs them, with
+# every dist test, on the lowest torch too. Not test_timing.py: its tests are wall-clock arithmetic, and
+# `serial`: beside the full suite each would hold every test of both runs back until the running ones end.
 TORCH_VERSION_MODULES = frozenset(
     {
         "test_runtime.py",
@@ -116,7 +118,6 @@ TORCH_VERSION_MODULES = frozenset(
         "test_finetune_packed_dropout.py",
         "test_collectives.py",
         "test_bench_train.py",
-        "test_timing.py",
         "test_versions.py",
     }
 )
@@ -192,6 +193,7 @@ LONGEST = (
     "test_slurm.py::",
     "test_soak.py::test_a_slowdown_in_iteration_2",
     "test_finetune_packed_dropout.py::test_the_compiled_dropout",
+    "test_finetune_model.py::test_pretraining_runs_on_a_cpu",
 )
 
 
