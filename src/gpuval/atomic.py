@@ -4,13 +4,35 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+
+
+@contextmanager
+def folders_undone_on_failure(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Around code that creates `directory` (and its missing parents) and then uses it: if the block fails,
+    the folders it created are removed again, deepest first, so a refused path (one the OS finds too long
+    only once its parents exist) leaves nothing behind. Folders that existed before stay."""
+    missing = []
+    for folder in (Path(directory), *Path(directory).parents):
+        if os.path.lexists(folder):  # False also where the OS refuses the name
+            break
+        missing.append(folder)
+    try:
+        yield
+    except BaseException:
+        for folder in missing:
+            with suppress(OSError):  # not created, or no longer empty: leave it
+                folder.rmdir()
+        raise
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    with folders_undone_on_failure(target.parent):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             # mkstemp makes 0600; give the mode open() would, so CI can read the file as another user
@@ -37,10 +59,11 @@ def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
 
     directory = Path(path)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".gpuval-probe.", dir=directory)
-        os.close(fd)
-        os.unlink(probe)
+        with folders_undone_on_failure(directory):
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".gpuval-probe.", dir=directory)
+            os.close(fd)
+            os.unlink(probe)
     except OSError as exc:
         raise UsageError(
             f"output directory '{directory}' cannot be written ({exc.strerror or exc}); "

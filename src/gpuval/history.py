@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuval import metrics
+from gpuval.atomic import folders_undone_on_failure
 from gpuval.errors import UsageError
 from gpuval.results import Check, Result, Status
 from gpuval.scope import Scope, node_of
@@ -77,10 +78,11 @@ def history_path_from(option: str | None) -> Path | None:
 
 def _connect(path: Path) -> sqlite3.Connection:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with suppress(FileNotFoundError):  # sqlite says only "unable to open": the OS says why
-            path.stat()
-        connection = sqlite3.connect(path, timeout=30)
+        with folders_undone_on_failure(path.parent):  # a refused path leaves no folder behind
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with suppress(FileNotFoundError):  # sqlite says only "unable to open": the OS says why
+                path.stat()
+            connection = sqlite3.connect(path, timeout=30)
     except (OSError, sqlite3.Error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UsageError(f"history database {path}: {reason}: pass --history PATH (or none)") from None
