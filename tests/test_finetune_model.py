@@ -143,7 +143,10 @@ def test_pretraining_runs_on_a_cpu_and_learns_from_its_first_steps(tmp_path):
     assert model.config.vocab_size == len(load_tokenizer(str(tmp_path)))
     # --stop-after: the first steps of a longer schedule, saved (how a run cut at a time limit is repeated)
     lines.clear()
+    # the saved config now says bfloat16; a repeat in the same folder still trains float32 weights
+    assert json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))["dtype"] == "bfloat16"
     pretrain(tmp_path, steps=6, records=300, batch_size=2, log=lines.append, stop_after=2)
+    assert lines[0].endswith(", float32 weights"), lines[0]
     assert [line for line in lines if " loss " in line][-1].startswith("pretrain step 1/6")
     assert lines[-1] == "pretrain stopped at step 2/6 (--stop-after)"
     # --seed: another draw of the same recipe (records, initial weights, data order), so another first loss

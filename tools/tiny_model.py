@@ -239,13 +239,18 @@ def pretrain(
     ) as workers:  # records are made, rendered and tokenized in the workers, in order
         docs = [doc for chunk in workers.map(_encode_records, _chunks(plan, 500)) for doc in chunk]
     packs = pack(docs, PRETRAIN_SEQ)
+    made_s = time.monotonic() - started
+    torch.manual_seed(seed)
+    # float32 parameters, whatever dtype the folder's config names: a saved model's config says bfloat16, and
+    # transformers builds that dtype, so a run repeated in the same folder would otherwise train (and step
+    # AdamW on) bf16 weights, and on a CPU run its matmuls at a fraction of float32's speed.
+    config = AutoConfig.from_pretrained(str(output))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     log(
         f"pretrain: {len(docs)} documents in {len(packs)} packs of {PRETRAIN_SEQ} tokens on {device} "
-        f"({time.monotonic() - started:.0f} s to make and tokenize); {steps} steps of {batch_size} packs, "
-        f"peak lr {lr:g}, seed {seed}"
+        f"({made_s:.0f} s to make and tokenize); {steps} steps of {batch_size} packs, peak lr {lr:g}, "
+        f"seed {seed}, {str(next(model.parameters()).dtype).removeprefix('torch.')} weights"
     )
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(output))).to(device)
     model.train()
     on_gpu = device.startswith("cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=on_gpu)
