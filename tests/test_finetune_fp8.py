@@ -165,6 +165,8 @@ def _precision(precision: str, dtype: str, parallel: str, name: str | None, capa
 
 def test_precision_is_checked_against_the_device_in_one_line_naming_what_to_use():
     assert _precision("bf16", "bfloat16", "ddp", None, None) == "bf16"
+    # a float32 model (tiny-cpu.yaml) runs its products in float32, and its summary says so
+    assert _precision("bf16", "float32", "ddp", None, None) == "float32"
     assert _precision("fp8-base", "bfloat16", "ddp", "NVIDIA H100 80GB HBM3", (9, 0)) == "fp8-base"
     with pytest.raises(UsageError) as on_cpu:
         _precision("fp8-base", "bfloat16", "ddp", None, None)

@@ -361,7 +361,8 @@ class Fp8BasePart(Part):
     anything else is a UsageError naming why, as are FP8 options (`train.step.fp8`) changed under bf16.
     Changes: frozen `nn.Linear`s inside the decoder layers become `Fp8Linear`s, except those
     `train.step.fp8.exclude` keeps in bf16; trainable LoRA linears and the output head are untouched.
-    Reports `precision` (bf16 or fp8-base).
+    Reports `precision` as the products run: fp8-base, or the base weights' dtype (bf16, or float32 where
+    the model is loaded so, as on a CPU).
     Order: after fused_qkv and fused_gate_up, which quantise their concatenated weights themselves (their
     parts are no bare `nn.Linear` to convert again; they read this decision through `fp8_options`), and
     after the move to the device (stage adapted): the FP8 weights are made there."""
@@ -372,8 +373,9 @@ class Fp8BasePart(Part):
 
     def decide(self, ctx: StepContext) -> Decision:
         precision = _precision(ctx)
+        runs_as = precision if precision == "fp8-base" or ctx.dtype == "bfloat16" else ctx.dtype
         return Decision(
-            precision == "fp8-base", precision, "set" if ctx.step.precision != "bf16" else "default"
+            precision == "fp8-base", runs_as, "set" if ctx.step.precision != "bf16" else "default"
         )
 
     def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
