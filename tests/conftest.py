@@ -426,6 +426,32 @@ def gpuval() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_cli
 
 
+# One shortened `finetune run` of the shipped CPU config (synth -> prepare -> LoRA -> eval, ~130 s of CPU on
+# one thread), read by the tests that mark themselves with TINY_CPU_RUN: the learning test, and the tests of
+# the run's files and of its console. The mark puts them on one worker, which makes the run once.
+TINY_CPU_RUN = pytest.mark.xdist_group("tiny-cpu-run")
+TINY_CPU_CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+TINY_CPU_SHORT = {  # fewer records and steps, fewer examples scored
+    "synth.n": 600,
+    "synth.holdout_n": 80,
+    "train.max_steps": 100,
+    "train.save.every_steps": 0,
+    "eval.max_examples": 40,
+    "eval.base_max_examples": 16,  # the base, which never stops before max_new_tokens: one batch a split
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """(the finished `gpuval finetune run`, its output folder) for TINY_CPU_SHORT; its exit status is the
+    reading test's to check."""
+    cwd = tmp_path_factory.mktemp("tiny-cpu-run")
+    args = ["finetune", "run", "--config", str(TINY_CPU_CONFIG), "--output", "run"]
+    for key, value in TINY_CPU_SHORT.items():
+        args += ["--set", f"{key}={value}"]
+    return run_cli(args, cwd, timeout=900), cwd / "run"
+
+
 @pytest.fixture
 def write_profile(tmp_path: Path) -> Callable[[str, str], Path]:
     """write_profile(text, filename='profile.yaml') -> path of a profile YAML in the test's tmp dir."""

@@ -5,33 +5,23 @@ benchmarks/finetune_cpu.sh, its result in benchmarks/results/2026-11-26-cpu-fine
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import TINY_CPU_RUN, TINY_CPU_SHORT
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-pytestmark = pytest.mark.slow  # about a minute of LoRA training on the CPU
-
-CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
-SHORT = [  # the shipped CPU config, shortened: fewer records and steps, fewer examples scored
-    "synth.n=600",
-    "synth.holdout_n=80",
-    "train.max_steps=100",
-    "train.save.every_steps=0",
-    "eval.max_examples=40",
-    "eval.base_max_examples=16",  # the base, which never stops before max_new_tokens: one batch a split
-]
+pytestmark = pytest.mark.slow  # about two minutes of LoRA training and eval on one CPU thread
 
 
-def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tmp_path, gpuval):
-    args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
-    for assignment in SHORT:
-        args += ["--set", assignment]
-    result = gpuval(args, tmp_path, timeout=900)
+@TINY_CPU_RUN
+def test_lora_teaches_the_tool_format_and_held_out_accuracy_rises_from_zero(tiny_cpu_run):
+    """The shipped CPU config, shortened (conftest.TINY_CPU_SHORT): 100 steps, 40 examples scored."""
+    result, run = tiny_cpu_run
+    assert TINY_CPU_SHORT["train.max_steps"] == 100  # what the bounds below were measured at
     assert result.returncode == 0, result.stderr[-3000:]
-    splits = json.loads((tmp_path / "run" / "eval.json").read_text(encoding="utf-8"))["splits"]
+    splits = json.loads((run / "eval.json").read_text(encoding="utf-8"))["splits"]
     holdout = splits["holdout_values"]
     # The base never saw <tool_call>: on requests that all want a call it makes none.
     assert holdout["base"]["calls_made"] == 0 and holdout["base"]["exact_call_accuracy"] == 0.0

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import TINY_CPU_RUN, TINY_CPU_SHORT
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -98,34 +99,24 @@ def test_a_shape_without_tokenizer_and_an_unknown_shape_are_one_line_errors(tmp_
 
 
 @pytest.mark.slow
-def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tmp_path, gpuval):
-    sets = [
-        "synth.n=40",
-        "synth.holdout_n=12",
-        "train.max_steps=2",
-        "train.save.every_steps=0",
-        "data.max_seq_len=512",
-        "eval.max_examples=3",
-        "eval.max_new_tokens=8",
-        "eval.base_max_examples=2",  # the base on the first two examples of each split only
-    ]
-    args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
-    for assignment in sets:
-        args += ["--set", assignment]
-    result = gpuval(args, tmp_path)
+@TINY_CPU_RUN
+def test_run_end_to_end_writes_adapter_events_summary_and_eval_json(tiny_cpu_run):
+    result, run = tiny_cpu_run
     assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "run"
     assert (run / "adapter" / "adapter_config.json").is_file()
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     summary = json.loads((run / "train_summary.json").read_text(encoding="utf-8"))
-    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["steps"][0]["mfu"] is None  # CPU
+    steps = [s["step"] for s in summary["steps"]]
+    assert steps == list(range(1, TINY_CPU_SHORT["train.max_steps"] + 1))
+    assert summary["steps"][0]["mfu"] is None  # CPU
     document = json.loads((run / "eval.json").read_text(encoding="utf-8"))
     assert document["schema"] == "gpuval.finetune.eval/v1"
     assert set(document["splits"]) == {"eval", "eval_unseen", "holdout_values"}
     for variants in document["splits"].values():
         assert set(variants) == {"tuned", "base"}
-        assert 0 < variants["tuned"]["examples"] <= 3
-        assert variants["base"]["examples"] == min(2, variants["tuned"]["examples"])
+        tuned = variants["tuned"]["examples"]
+        assert 0 < tuned <= TINY_CPU_SHORT["eval.max_examples"]
+        assert variants["base"]["examples"] == min(TINY_CPU_SHORT["eval.base_max_examples"], tuned)
         assert 0.0 <= variants["tuned"]["exact_call_accuracy"] <= 1.0
     lines = [
         json.loads(line) for line in (run / "eval_predictions.jsonl").read_text(encoding="utf-8").splitlines()

@@ -6,46 +6,34 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import TINY_CPU_RUN
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
 # What the libraries would print without gpuval's routing: Python warnings (FutureWarning, UserWarning,
 # and the `warnings.warn(` source line under them) and transformers' "Loading weights" bar.
 CHATTER = re.compile(r"Warning|warnings\.warn|Loading|it/s\]")
 
 
 @pytest.mark.slow
-def test_finetune_run_shows_progress_per_split_and_sends_library_chatter_to_the_log(tmp_path, gpuval):
+@TINY_CPU_RUN
+def test_finetune_run_shows_progress_per_split_and_sends_library_chatter_to_the_log(tiny_cpu_run):
     """`finetune run` trains and evaluates the tiny model: transformers loads it with its "Loading weights"
     bar and raises a FutureWarning on the way (both appear on stderr without the routing), yet stderr
     holds none of it; the log file holds the warning; and stderr shows one bar per split and model that
     finished that split's examples."""
-    sets = [
-        "synth.n=40",
-        "synth.holdout_n=12",
-        "train.max_steps=1",
-        "train.save.every_steps=0",
-        "data.max_seq_len=256",
-        "eval.max_examples=3",
-        "eval.max_new_tokens=4",
-    ]
-    args = ["finetune", "run", "--config", str(CONFIG), "--output", "run"]
-    for assignment in sets:
-        args += ["--set", assignment]
-    result = gpuval(args, tmp_path)
+    result, run = tiny_cpu_run
     assert result.returncode == 0, result.stderr[-3000:]
     noisy = [line for line in result.stderr.splitlines() if CHATTER.search(line)]
     assert not noisy, "\n".join(noisy)
-    log = tmp_path / "run" / "third_party.log"
+    log = run / "third_party.log"
     assert log.is_file(), "nothing reached the run's log file"
     assert "FutureWarning" in log.read_text(encoding="utf-8")
-    document = json.loads((tmp_path / "run" / "eval.json").read_text(encoding="utf-8"))
+    document = json.loads((run / "eval.json").read_text(encoding="utf-8"))
     for split, variants in document["splits"].items():
         for variant, metrics in variants.items():
             n = metrics["examples"]
