@@ -308,3 +308,77 @@ def test_output_means_a_folder_or_a_file_and_every_help_says_which():
         "bench": "FILE", "discover": "FILE", "report": "FILE", "finetune synth": "FILE",
         "profiles derive": "FILE", "profiles table": "FILE",
     }  # fmt: skip
+
+
+def _every_command(group, path=()):
+    """Every group and command of the app, with its path ('' for the app itself)."""
+    yield " ".join(path), group
+    for name, command in getattr(group, "commands", {}).items():
+        yield from _every_command(command, (*path, name))
+
+
+def _help_at_80_columns(path: str) -> str:
+    from typer.testing import CliRunner
+
+    from gpuval.cli import app
+
+    result = CliRunner().invoke(app, [*path.split(), "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_every_help_at_80_columns_shows_what_goes_where_and_cuts_nothing():
+    """A flag shows no metavar (typer's rich help printed `--json <bool>`, `--help <bool>`); a value shows
+    one that says what goes there (NAME|FILE, KEY=VALUE, N), never typer's type (`<str>`, `<list[str]>`);
+    and at 80 columns no word is cut (`~/.local/share/gpuval/history.sq…`) and no line is longer."""
+    import re
+
+    import typer.main
+
+    from gpuval.cli import app
+
+    for path, command in _every_command(typer.main.get_command(app)):
+        text = _help_at_80_columns(path)
+        assert "…" not in text, (path, text)
+        assert all(len(line) <= 80 for line in text.splitlines()), (path, text)
+        assert not re.search(r"<(bool|str|int|float|path|list|Path)\b", text), (path, text)
+        for param in [*command.params, command.get_help_option(typer.Context(command))]:
+            if getattr(param, "is_flag", False):
+                assert param.metavar == "", (path, param.name)
+                continue
+            assert param.metavar, (path, param.name)
+            choices = getattr(getattr(param, "type_descriptor", None), "choices", None) or getattr(
+                getattr(param, "type", None), "choices", None
+            )
+            if choices and param.param_type_name == "option":  # the choices, as typed, or the help's
+                named = param.metavar == "|".join(choices) or all(c in param.help for c in choices)
+                assert named, (path, param.name, param.metavar)
+            elif param.param_type_name == "option":
+                assert re.fullmatch(r"[A-Z\[\]:=|]+|FILE\|none", param.metavar), (path, param.metavar)
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("accept", ["default: gpuval-results/accept-<UTC time>", "~/.local/share/gpuval/history.sqlite"]),
+        ("health", ["default: gpuval-results/health-<UTC time>"]),
+        ("history", ["~/.local/share/gpuval/history.sqlite"]),
+        ("report", ["default: report.html beside RESULT"]),
+    ],
+)
+def test_defaults_are_stated_whole_at_80_columns(command, said):
+    """Where a command writes and reads when not told is stated, and a path is never split or cut."""
+    text = _help_at_80_columns(command)
+    prose = " ".join(text.replace("│", " ").split())
+    for words in said:
+        assert words in prose, (command, text)
+    assert "~/.local/share/gpuval/history.sqlite" in text or command not in ("accept", "history")
+
+
+def test_profiles_help_lists_the_list_that_profiles_alone_runs(gpuval, tmp_path):
+    """`gpuval profiles` lists the profiles: its help says so, as the `list` command it runs."""
+    text = _help_at_80_columns("profiles")
+    assert "│ list " in text and "[COMMAND]" in text, text
+    alone, listed = gpuval(["profiles"], tmp_path), gpuval(["profiles", "list"], tmp_path)
+    assert alone.returncode == listed.returncode == 0, alone.stderr + listed.stderr
+    assert alone.stdout == listed.stdout and "cpu:" in listed.stdout

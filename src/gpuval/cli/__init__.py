@@ -15,10 +15,11 @@ from typing import Annotated
 import typer
 
 from gpuval.cli import accept, bench, discover, finetune, health, monitor, results
-from gpuval.cli.options import err_console
+from gpuval.cli.options import Command, Group, err_console
 from gpuval.errors import GpuvalError, one_line
 
 app = typer.Typer(
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -49,15 +50,15 @@ def _root(
 
 
 # registered here, in the order `gpuval --help` lists them
-app.command()(accept.accept)
-app.command()(bench.bench)
-app.command()(discover.discover)
-app.command()(health.health)
-app.command()(monitor.monitor)
-app.command()(results.report)
-app.command()(results.compare)
-app.command("history")(results.history_command)
-app.command()(results.schema)
+app.command(cls=Command)(accept.accept)
+app.command(cls=Command)(bench.bench)
+app.command(cls=Command)(discover.discover)
+app.command(cls=Command)(health.health)
+app.command(cls=Command)(monitor.monitor)
+app.command(cls=Command)(results.report)
+app.command(cls=Command)(results.compare)
+app.command("history", cls=Command)(results.history_command)
+app.command(cls=Command)(results.schema)
 app.add_typer(results.profiles_app, name="profiles")
 app.add_typer(finetune.finetune_app, name="finetune")
 

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpuval import launch
 from gpuval.cli.options import (
+    AcceptOutputOption,
     HistoryOption,
     JsonResultOption,
     NprocOption,
     ProfileOption,
-    ResultDirOption,
     SetOption,
     console,
+    default_result_dir,
     exits,
     is_first_rank,
     progress,
@@ -29,8 +29,8 @@ from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, Interru
 @exits
 def accept(
     profile: ProfileOption = None,
-    output: ResultDirOption = None,
-    quick: Annotated[bool, typer.Option(help="smaller sweeps, fewer repetitions")] = False,
+    output: AcceptOutputOption = None,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller sweeps, fewer repetitions")] = False,
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
     nproc: NprocOption = None,
     json_: JsonResultOption = False,
@@ -38,13 +38,16 @@ def accept(
     duration: Annotated[
         str | None,
         typer.Option(
+            metavar="DURATION",
             help="soak: repeat the whole accept (health + benchmarks) for this long (90s, 30m, 2h) and judge "
-            "the iterations against each other; each one's result goes to iterations.jsonl (docs/soak.md)"
+            "the iterations against each other; each one's result goes to iterations.jsonl (docs/soak.md)",
         ),
     ] = None,
     iterations: Annotated[
         int | None,
-        typer.Option(help="soak: repeat the whole accept N times (with --duration: whichever ends first)"),
+        typer.Option(
+            metavar="N", help="soak: repeat the whole accept N times (with --duration: whichever ends first)"
+        ),
     ] = None,
 ) -> int:
     """Run the profile's benchmarks and checks; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
@@ -64,8 +67,7 @@ def accept(
     plan = plan_benchmarks(loaded, quick, launch.on_gpu())
     extra_argv: tuple[str, ...] = ()
     if output is None:  # one folder for every rank: the parent names it and passes it on
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        output = Path("gpuval-results") / f"accept-{stamp}"
+        output = default_result_dir("accept")
         extra_argv = ("--output", str(output))
     history_path = history_path_from(history)
     if is_first_rank():  # bad input is said before any work or any folder is made

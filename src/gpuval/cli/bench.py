@@ -18,9 +18,11 @@ from gpuval.errors import EXIT_PASS, GpuvalError, RunError, UsageError
 
 @exits
 def bench(
-    name: Annotated[str | None, typer.Argument(help="benchmark to run; omit to list them")] = None,
+    name: Annotated[
+        str | None, typer.Argument(metavar="NAME", help="benchmark to run; omit to list them")
+    ] = None,
     set_: SetOption = [],  # noqa: B006
-    quick: Annotated[bool, typer.Option(help="smaller sweep")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="smaller sweep")] = False,
     output: Annotated[Path | None, output_file("the measurements as a gpuval.bench/v1 JSON document")] = None,
     nproc: NprocOption = None,
     json_: Annotated[bool, typer.Option("--json", help="print the JSON to stdout")] = False,

@@ -17,7 +17,9 @@ from gpuval.errors import EXIT_PASS, UsageError
 def discover(
     json_: Annotated[bool, typer.Option("--json", help="print the inventory as JSON")] = False,
     output: Annotated[Path | None, output_file("the inventory as JSON")] = None,
-    paste: Annotated[bool, typer.Option(help="a short plain-text block to paste into a bug report")] = False,
+    paste: Annotated[
+        bool, typer.Option("--paste", help="a short plain-text block to paste into a bug report")
+    ] = False,
 ) -> int:
     """What is here: host, software, GPUs, topology, InfiniBand, storage, scheduler (one process)."""
     from gpuval.atomic import ensure_writable_dir, write_text_atomic

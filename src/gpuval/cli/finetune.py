@@ -13,7 +13,9 @@ import typer
 
 from gpuval import launch
 from gpuval.cli.options import (
+    Command,
     FinetuneNprocOption,
+    Group,
     SetOption,
     console,
     exits,
@@ -25,29 +27,37 @@ from gpuval.cli.options import (
 from gpuval.errors import EXIT_PASS
 
 finetune_app = typer.Typer(
+    cls=Group,
     no_args_is_help=True,
     help="Fine-tune for function calling: synthetic data, preparation, LoRA training, evaluation, all of it.",
 )
 
-ConfigOption = Annotated[Path, typer.Option(help="fine-tune config YAML (configs/finetune/)")]
+ConfigOption = Annotated[Path, typer.Option(metavar="FILE", help="fine-tune config YAML (configs/finetune/)")]
 
 
-@finetune_app.command("synth")
+@finetune_app.command("synth", cls=Command)
 @exits
 def finetune_synth(
-    n: Annotated[int, typer.Option("--n", min=1, help="number of records")],
+    n: Annotated[int, typer.Option("--n", metavar="N", min=1, help="number of records")],
     output: Annotated[Path, output_file("the records (JSONL, or a JSON list with --format json)")],
-    seed: Annotated[int, typer.Option(help="same seed, same records")] = 0,
-    format_: Annotated[Literal["jsonl", "json"], typer.Option("--format", help="file format")] = "jsonl",
+    seed: Annotated[int, typer.Option(metavar="N", help="same seed, same records")] = 0,
+    format_: Annotated[
+        Literal["jsonl", "json"], typer.Option("--format", metavar="jsonl|json", help="file format")
+    ] = "jsonl",
     values: Annotated[
         Literal["all", "train", "holdout", "synthetic", "pieces"],
         typer.Option(
-            help="argument value pools: train and holdout never share a value; synthetic: made-up values, "
-            "never held-out ones; pieces: the same, half the text ones from --tokenizer's word pieces"
+            metavar="POOL",
+            help="argument values from: all; train or holdout (the two never share a value); synthetic: "
+            "made-up values, never held-out ones; pieces: the same, half the text ones from --tokenizer's "
+            "word pieces",
         ),
     ] = "all",
     tokenizer: Annotated[
-        str, typer.Option(help="tokenizer folder or name whose word pieces --values pieces uses")
+        str,
+        typer.Option(
+            metavar="DIR|NAME", help="tokenizer folder or name whose word pieces --values pieces uses"
+        ),
     ] = "tiny",
 ) -> int:
     """Synthetic function-calling records in Glaive v2's own format, quirks included."""
@@ -58,23 +68,33 @@ def finetune_synth(
     return EXIT_PASS
 
 
-@finetune_app.command("prepare")
+@finetune_app.command("prepare", cls=Command)
 @exits
 def finetune_prepare(
     input_: Annotated[
         str,
-        typer.Option("--input", help="Glaive or OpenAI tool-format .json/.jsonl file, or a datasets name"),
+        typer.Option(
+            "--input",
+            metavar="FILE|NAME",
+            help="Glaive or OpenAI tool-format .json/.jsonl file, or a datasets name",
+        ),
     ],
     output: Annotated[Path, output_dir("train/eval/eval_unseen.jsonl and stats.json")],
-    eval_fraction: Annotated[float, typer.Option(help="in-distribution eval share of the records")] = 0.02,
+    eval_fraction: Annotated[
+        float, typer.Option(metavar="FRACTION", help="in-distribution eval share of the records")
+    ] = 0.02,
     unseen_fraction: Annotated[
-        float | None, typer.Option(help="most records held out with unseen functions (default: eval share)")
+        float | None,
+        typer.Option(
+            metavar="FRACTION", help="most records held out with unseen functions (default: eval share)"
+        ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="seed of the splits")] = 0,
+    seed: Annotated[int, typer.Option(metavar="N", help="seed of the splits")] = 0,
     format_: Annotated[
         Literal["auto", "glaive", "openai"],
         typer.Option(
             "--format",
+            metavar="auto|glaive|openai",
             help="record format: glaive ({system, chat}), openai (OpenAI/TRL {messages, tools}), "
             "or auto: what the first records look like",
         ),
@@ -98,13 +118,13 @@ def finetune_prepare(
     return EXIT_PASS
 
 
-@finetune_app.command("train")
+@finetune_app.command("train", cls=Command)
 @exits
 def finetune_train(
     config: ConfigOption,
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
     resume: Annotated[
-        bool, typer.Option(help="continue from the newest checkpoint in the output folder")
+        bool, typer.Option("--resume", help="continue from the newest checkpoint in the output folder")
     ] = False,
     nproc: FinetuneNprocOption = None,
 ) -> int:
@@ -112,13 +132,13 @@ def finetune_train(
     return _finetune(config, set_, nproc, data=False, train=True, resume=resume, evaluate=False)
 
 
-@finetune_app.command("eval")
+@finetune_app.command("eval", cls=Command)
 @exits
 def finetune_eval(
     config: ConfigOption,
     set_: SetOption = [],  # noqa: B006
     adapter: Annotated[
-        Path | None, typer.Option(help="PEFT adapter folder (default: OUTPUT/adapter)")
+        Path | None, typer.Option(metavar="DIR", help="PEFT adapter folder (default: OUTPUT/adapter)")
     ] = None,
     nproc: FinetuneNprocOption = None,
 ) -> int:
@@ -128,11 +148,11 @@ def finetune_eval(
     )
 
 
-@finetune_app.command("run")
+@finetune_app.command("run", cls=Command)
 @exits
 def finetune_run(
     config: ConfigOption,
-    output: Annotated[Path | None, output_dir("the whole run (overrides the config's output)")] = None,
+    output: Annotated[Path | None, output_dir("the whole run", "the config's output")] = None,
     set_: SetOption = [],  # noqa: B006
     nproc: FinetuneNprocOption = None,
 ) -> int:
@@ -216,7 +236,7 @@ def _finetune(
             unlock_output(cfg.output)
 
 
-@finetune_app.command("export")
+@finetune_app.command("export", cls=Command)
 @exits
 def finetune_export(
     source: Annotated[
@@ -227,10 +247,12 @@ def finetune_export(
         bool, typer.Option("--merge", help="merge the adapter into its base: one plain model folder")
     ] = False,
     dtype: Annotated[
-        Literal["bfloat16", "float32"], typer.Option(help="weight dtype of the merged model")
+        Literal["bfloat16", "float32"],
+        typer.Option(metavar="bfloat16|float32", help="weight dtype of the merged model"),
     ] = "bfloat16",
     base: Annotated[
-        str | None, typer.Option(help="base model (default: the adapter's base_model_name_or_path)")
+        str | None,
+        typer.Option(metavar="DIR|NAME", help="base model (default: the adapter's base_model_name_or_path)"),
     ] = None,
 ) -> int:
     """A servable folder: the adapter with its tokenizer and tool chat template, or the merged model."""

@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from gpuval import launch
 from gpuval.cli.options import (
+    HealthOutputOption,
     JsonResultOption,
     ProfileOption,
-    ResultDirOption,
     SetOption,
     console,
+    default_result_dir,
     exits,
     is_first_rank,
     say,
@@ -25,7 +25,7 @@ from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
 def health(
     profile: ProfileOption = None,
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
-    output: ResultDirOption = None,
+    output: HealthOutputOption = None,
     json_: JsonResultOption = False,
 ) -> int:
     """Check this node's GPUs, links and driver in seconds; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
@@ -47,7 +47,7 @@ def health(
     families(loaded)  # an unknown name in health.skip is bad input: say so before any work
     node = node_name()  # a name no scope can hold is bad input: said before any folder is made
     if output is None:
-        output = Path("gpuval-results") / f"health-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+        output = default_result_dir("health")
     if is_first_rank():
         ensure_writable_dir(output)
     history = history_path_from(None)  # read only: accept's last passing run there bounds the XID window

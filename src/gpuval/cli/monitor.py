@@ -21,16 +21,26 @@ if TYPE_CHECKING:
 @exits
 def monitor(
     once: Annotated[
-        bool, typer.Option(help="print one reading and exit (two samples --interval apart: rates need both)")
+        bool,
+        typer.Option(
+            "--once", help="print one reading and exit (two samples --interval apart: rates need both)"
+        ),
     ] = False,
     json_: Annotated[
         bool, typer.Option("--json", help="JSON: one object (--once) or one line per reading")
     ] = False,
-    interval: Annotated[float, typer.Option(help="seconds between readings", min=0.1)] = 1.0,
-    count: Annotated[int | None, typer.Option(help="stop after this many readings", min=1)] = None,
+    interval: Annotated[
+        float, typer.Option(metavar="SECONDS", help="seconds between readings", min=0.1)
+    ] = 1.0,
+    count: Annotated[
+        int | None, typer.Option(metavar="N", help="stop after this many readings", min=1)
+    ] = None,
     prometheus: Annotated[
         str | None,
-        typer.Option(help="serve DCGM-exporter-style metrics at HOST:PORT (PORT alone: 127.0.0.1)"),
+        typer.Option(
+            metavar="[HOST:]PORT",
+            help="serve DCGM-exporter-style metrics at HOST:PORT (PORT alone: 127.0.0.1)",
+        ),
     ] = None,
 ) -> int:
     """Live per-GPU dashboard, InfiniBand port rates, and Prometheus metrics named as DCGM-exporter's.

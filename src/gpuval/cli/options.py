@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 
 if TYPE_CHECKING:
@@ -20,7 +23,55 @@ if TYPE_CHECKING:
 console = Console(stderr=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 150)
 err_console = Console(stderr=True)
 
-SetOption = Annotated[list[str], typer.Option("--set", help="override a field: key.path=value (repeatable)")]
+
+def _readable(command: Any) -> None:
+    """What typer's help would otherwise show badly, made right once for every command and group.
+
+    A flag shows no metavar: typer's rich help prints the type after every option, `--json <bool>` and
+    `--help <bool>` included, though a flag takes no value; every value option and argument declares a
+    metavar that says what goes there (NAME|FILE, KEY=VALUE, N), and tests/test_cli.py holds each
+    command to it. And the
+    help reads as prose: typer keeps a docstring's line breaks in a group's command list and in a help's
+    later paragraphs, so a summary wrapped at the source's width broke mid-sentence there.
+    """
+    if command.help:
+        paragraphs = inspect.cleandoc(command.help).split("\n\n")
+        command.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+    for param in command.params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "argument" and hasattr(param, "display_type_rich"):
+            # typer >= 0.2x prints an argument's type beside its metavar (`RESULT <path>`): the metavar
+            # alone says what goes there, as it does for an option
+            param.display_type_rich = lambda ctx: None
+
+
+class _Readable:
+    """The help of a command or a group, made readable by `_readable` once it is built."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _readable(self)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""  # a flag: no `<bool>`
+        return option
+
+
+class Command(_Readable, typer.core.TyperCommand):
+    """Every gpuval command: `app.command(cls=Command)`."""
+
+
+class Group(_Readable, typer.core.TyperGroup):
+    """Every gpuval command group: `typer.Typer(cls=Group)`."""
+
+
+SetOption = Annotated[
+    list[str],
+    typer.Option("--set", metavar="KEY=VALUE", help="override a field: key.path=value (repeatable)"),
+]
 
 # One option object per meaning: typer reads annotations when it builds the commands, and a second
 # `--nproc` annotation of the same name once replaced accept's and bench's help with the fine-tune's.
@@ -28,6 +79,7 @@ NprocOption = Annotated[
     int | None,
     typer.Option(
         "--nproc",
+        metavar="N",
         help="local ranks when not started by torchrun/srun (default: one per GPU; 2 on a machine without "
         "NVIDIA GPUs; 1 where CUDA cannot use the GPUs there)",
     ),
@@ -35,37 +87,59 @@ NprocOption = Annotated[
 FinetuneNprocOption = Annotated[
     int | None,
     typer.Option(
-        "--nproc", help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)"
+        "--nproc",
+        metavar="N",
+        help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)",
     ),
 ]
 
 HistoryOption = Annotated[
     str | None,
     typer.Option(
-        help="SQLite file of past accept runs, for drift checks (default $GPUVAL_HISTORY or "
-        "~/.local/share/gpuval/history.sqlite; 'none': off)"
+        metavar="FILE|none",
+        help="SQLite file of past accept runs, for drift checks; none: keep no history (default: "
+        "$GPUVAL_HISTORY, else ~/.local/share/gpuval/history.sqlite)",
     ),
 ]
 
 ProfileOption = Annotated[
-    str | None, typer.Option(help="profile name or YAML file (default: matches the GPUs)")
+    str | None,
+    typer.Option(
+        metavar="NAME|FILE",
+        help="built-in profile (`gpuval profiles` lists them) or YAML file (default: the one matching "
+        "the GPUs)",
+    ),
 ]
 
 
 # `--output` has one meaning per kind of thing written, and its help says which: a folder (DIR) where a
 # command writes several files, a file (FILE) where it writes one document. tests/test_cli.py holds every
 # command to it.
-def output_dir(what: str) -> Any:
+def output_dir(what: str, default: str | None = None) -> Any:
     """`--output DIR`: the folder a command writes its files into (created when missing)."""
-    return typer.Option("--output", metavar="DIR", help=f"folder to write {what} into (created if missing)")
+    said = f"; default: {default}" if default else ""
+    return typer.Option(
+        "--output", metavar="DIR", help=f"folder to write {what} into (created if missing{said})"
+    )
 
 
-def output_file(what: str) -> Any:
+def output_file(what: str, default: str | None = None) -> Any:
     """`--output FILE`: the one file a command writes."""
-    return typer.Option("--output", metavar="FILE", help=f"file to write {what} to")
+    said = f" (default: {default})" if default else ""
+    return typer.Option("--output", metavar="FILE", help=f"file to write {what} to{said}")
 
 
-ResultDirOption = Annotated[Path | None, output_dir("result.json, junit.xml and report.html")]
+RESULTS_FOLDER = Path("gpuval-results")
+
+
+def default_result_dir(command: str) -> Path:
+    """Where accept and health write without --output: gpuval-results/<command>-<UTC start time>."""
+    return RESULTS_FOLDER / f"{command}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+
+
+_RESULT_FILES = "result.json, junit.xml and report.html"
+AcceptOutputOption = Annotated[Path | None, output_dir(_RESULT_FILES, f"{RESULTS_FOLDER}/accept-<UTC time>")]
+HealthOutputOption = Annotated[Path | None, output_dir(_RESULT_FILES, f"{RESULTS_FOLDER}/health-<UTC time>")]
 JsonResultOption = Annotated[bool, typer.Option("--json", help="print result.json to stdout")]
 
 

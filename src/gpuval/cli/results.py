@@ -9,11 +9,14 @@ from typing import Annotated, Literal
 
 import typer
 
-from gpuval.cli.options import HistoryOption, console, exits, output_file, say
+from gpuval.cli.options import Command, Group, HistoryOption, console, exits, output_file, say
 from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
 
 profiles_app = typer.Typer(
-    help="The built-in profiles: list them, derive one from clean runs, or write the table of their bounds."
+    cls=Group,
+    subcommand_metavar="[COMMAND] [ARGS]...",  # without one: list
+    help="The built-in profiles: list them (the default), derive one from clean runs, or write the table "
+    "of their bounds.",
 )
 
 
@@ -29,56 +32,72 @@ def _write(output: Path, text: str) -> None:
 
 @profiles_app.callback(invoke_without_command=True)
 def profiles(ctx: typer.Context) -> None:
-    """List the built-in profiles (derive: a profile's bounds from clean runs; table: docs/thresholds.md)."""
-    if ctx.invoked_subcommand is not None:
-        return
+    """`gpuval profiles` alone lists them, as `gpuval profiles list` does."""
+    if ctx.invoked_subcommand is None:
+        profiles_list()
+
+
+@profiles_app.command("list", cls=Command)
+@exits
+def profiles_list() -> int:
+    """Each built-in profile's name and what it is for (`gpuval profiles` alone does the same)."""
     from gpuval.config import builtin_profiles, load_profile
 
     for name in builtin_profiles():
         console.print(f"[bold]{name}[/]: {load_profile(name).description}")
-    raise typer.Exit(EXIT_PASS)
+    return EXIT_PASS
 
 
-@profiles_app.command("derive")
+@profiles_app.command("derive", cls=Command)
 @exits
 def profiles_derive(
     runs: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="result.json files (or gpuval bench --output documents) of clean runs of healthy nodes"
+            metavar="RUNS",
+            help="result.json files (or gpuval bench --output documents) of clean runs of healthy nodes",
         ),
     ] = None,
     output: Annotated[Path | None, output_file("the derived profile YAML")] = None,
     base: Annotated[
         str | None,
         typer.Option(
+            metavar="NAME|FILE",
             help="profile whose checks are derived, and whose other fields are kept (default: the one "
-            "matching the runs' GPUs)"
+            "matching the runs' GPUs)",
         ),
     ] = None,
     k: Annotated[
-        float, typer.Option(help="standard deviations between the worst clean value and the bound", min=0)
+        float,
+        typer.Option(
+            metavar="N", help="standard deviations between the worst clean value and the bound", min=0
+        ),
     ] = 3.0,
     min_runs: Annotated[
-        int, typer.Option(help="runs a bound needs, per GPU count where it depends on it", min=2)
+        int, typer.Option(metavar="N", help="runs a bound needs, per GPU count where it depends on it", min=2)
     ] = 3,
     margin: Annotated[
         float,
         typer.Option(
-            help="least gap between a bound and the worst clean value, as a fraction of it", min=0, max=0.99
+            metavar="FRACTION",
+            help="least gap between a bound and the worst clean value, as a fraction of it",
+            min=0,
+            max=0.99,
         ),
     ] = 0.03,
     keep: Annotated[
         list[str] | None,
         typer.Option(
-            help="a check (glob) not derived from any run: the base's hand-set bound stays (repeatable)"
+            metavar="GLOB",
+            help="a check (glob) not derived from any run: the base's hand-set bound stays (repeatable)",
         ),
     ] = None,
     manifest: Annotated[
         Path | None,
         typer.Option(
+            metavar="FILE",
             help="derive every profile a manifest lists from its runs and rewrite it in place "
-            "(benchmarks/derivation.yaml); no RUNS, no --output"
+            "(benchmarks/derivation.yaml); no RUNS, no --output",
         ),
     ] = None,
     check: Annotated[
@@ -128,12 +147,15 @@ def profiles_derive(
     return EXIT_PASS
 
 
-@profiles_app.command("table")
+@profiles_app.command("table", cls=Command)
 @exits
 def profiles_table(
-    output: Annotated[Path | None, output_file("the document (default: print it)")] = None,
+    output: Annotated[Path | None, output_file("the document", "print it")] = None,
     manifest: Annotated[
-        Path, typer.Option(help="the manifest the profiles' bounds are derived from (runs, rule, skips)")
+        Path,
+        typer.Option(
+            metavar="FILE", help="the manifest the profiles' bounds are derived from (runs, rule, skips)"
+        ),
     ] = Path("benchmarks/derivation.yaml"),
     check: Annotated[
         bool, typer.Option("--check", help="write nothing; exit 1 where --output differs from the profiles")
@@ -168,8 +190,10 @@ def profiles_table(
 
 @exits
 def report(
-    result: Annotated[Path, typer.Argument(help="a result.json written by gpuval accept")],
-    output: Annotated[Path | None, output_file("the HTML report (default: report.html beside it)")] = None,
+    result: Annotated[
+        Path, typer.Argument(metavar="RESULT", help="a result.json written by gpuval accept or health")
+    ],
+    output: Annotated[Path | None, output_file("the HTML report", "report.html beside RESULT")] = None,
 ) -> int:
     """Render a self-contained HTML report (verdict, problems, nodes, plots) from a result.json."""
     from gpuval.report.html import write_html
@@ -189,11 +213,12 @@ def report(
 
 @exits
 def compare(
-    before: Annotated[Path, typer.Argument(help="result.json of the earlier run (A)")],
-    after: Annotated[Path, typer.Argument(help="result.json of the later run (B)")],
+    before: Annotated[Path, typer.Argument(metavar="BEFORE", help="result.json of the earlier run (A)")],
+    after: Annotated[Path, typer.Argument(metavar="AFTER", help="result.json of the later run (B)")],
     fail_on_regression: Annotated[
         float | None,
         typer.Option(
+            metavar="PERCENT",
             help="exit 1 when any measurement got worse by more than this many percent (also the tolerance "
             "within which a measurement counts as unchanged; 0 without it)",
             min=0,
@@ -255,8 +280,8 @@ def compare(
 @exits
 def history_command(
     history: HistoryOption = None,
-    node: Annotated[str | None, typer.Option(help="node (default: the latest run's)")] = None,
-    last: Annotated[int, typer.Option(help="runs to list and to trend over", min=1)] = 10,
+    node: Annotated[str | None, typer.Option(metavar="NODE", help="node (default: the latest run's)")] = None,
+    last: Annotated[int, typer.Option(metavar="N", help="runs to list and to trend over", min=1)] = 10,
     json_: Annotated[bool, typer.Option("--json", help="print runs and trends as JSON")] = False,
 ) -> int:
     """Past accept runs of a node and each check's trend: its values, their median, the latest against it."""
@@ -282,7 +307,10 @@ def history_command(
 def schema(
     document: Annotated[
         Literal["result", "bench"],
-        typer.Argument(help="result: accept's and health's result.json; bench: what bench --output writes"),
+        typer.Argument(
+            metavar="DOCUMENT",
+            help="result: accept's and health's result.json; bench: what bench --output writes",
+        ),
     ] = "result",
 ) -> int:
     """Print the JSON Schema of result.json (or, with `bench`, of the file `gpuval bench --output` writes)."""
