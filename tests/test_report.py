@@ -228,3 +228,44 @@ def test_at_160_columns_the_hints_keep_their_column():
     assert warn.startswith("│ WARN ") and SHORT_HINT in warn  # the status alone, the hint on its row
     assert " ".join(text.replace("│", " ").split()).count("check the PCIe link") == 1
     assert not _hints_below(lines)
+
+
+def test_checks_skipped_for_one_reason_share_its_line_below_the_table():
+    """A CPU machine skips ten health checks for want of a driver: one line says so, not ten."""
+    no_driver = "no NVIDIA driver on this node (the NVML library is not installed)"
+    checks = [
+        *(Check(name=name, status=Status.SKIP, scope="node:vm", detail=no_driver) for name in ("ecc", "xid")),
+        Check(name="infiniband.state", status=Status.SKIP, scope="node:vm", detail="no InfiniBand port"),
+        Check(name="pcie", status=Status.SKIP, scope="node:vm", detail=no_driver),
+        Check(name="expect.gpu_count", status=Status.PASS, value=0, unit="GPUs", threshold={"equal": 0}),
+    ]
+    result = Result(
+        verdict=Status.PASS, started_at="2026-12-06T00:00:00+00:00", duration_s=1.0, profile="cpu",
+        world=World(size=2, nodes=1, backend="gloo"), checks=checks,
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    print_result(result, console)
+    lines = console.file.getvalue().splitlines()
+    numbered = {line.split("│")[2].strip(): line.split("│")[1].strip() for line in lines if "│ SKIP" in line}
+    assert numbered == {"ecc": "SKIP 1", "infiniband.state": "SKIP 2", "pcie": "SKIP 1", "xid": "SKIP 1"}
+    assert _hints_below(lines) == {1: [no_driver], 2: ["no InfiniBand port"]}
+
+
+def test_values_and_bounds_read_without_an_exponent():
+    """A GPU's 21,136 tokens/s is '21136', not `.4g`'s '2.114e+04'; small figures keep 4 digits."""
+    checks = [
+        Check(name="train.tokens_per_s_per_gpu", status=Status.PASS, value=21136.4, unit="tokens/s",
+              threshold={"min": 20100}),
+        Check(name="membw.copy_tbps", status=Status.PASS, value=0.0045468, unit="TB/s",
+              threshold={"min": 0.0005}),
+    ]  # fmt: skip
+    result = Result(
+        verdict=Status.PASS, started_at="2026-12-06T00:00:00+00:00", duration_s=1.0, profile="toy",
+        world=World(size=1, nodes=1, backend="nccl"), checks=checks,
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    print_result(result, console)
+    text = console.file.getvalue()
+    assert "21136 tokens/s" in text and ">= 20100" in text and "e+0" not in text, text
+    assert "0.004547 TB/s" in text and ">= 0.0005" in text
+    assert "21136 tokens/s" in render_html(result)

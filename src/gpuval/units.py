@@ -1,4 +1,4 @@
-"""Byte sizes as people write them, and back."""
+"""Byte sizes as people write them, and back; and measured numbers as people read them."""
 
 from __future__ import annotations
 
@@ -46,3 +46,11 @@ def format_bytes(count: int) -> str:
         if count >= factor:
             return f"{count / factor:.1f} {unit}"
     return f"{count} B"
+
+
+def format_number(value: float) -> str:
+    """A measured value with 4 significant digits and never an exponent from 0.001 up: 21136.4 ->
+    '21136', 1.95683 -> '1.957', 0.004547 -> '0.004547' (`.4g` alone writes 21136.4 as '2.114e+04')."""
+    if math.isfinite(value) and abs(value) >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.4g}"

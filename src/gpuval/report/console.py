@@ -17,7 +17,7 @@ from gpuval import metrics
 from gpuval.checks import gap_to_median_pct
 from gpuval.results import Check, Measurement, Result, Status
 from gpuval.scope import Scope
-from gpuval.units import format_bytes
+from gpuval.units import format_bytes, format_number
 
 STYLE = {
     Status.PASS: "green",
@@ -86,7 +86,7 @@ def _check_table(
     for column in ("value", "bound", *(("why / what to do",) if hints is not None else ())):
         table.add_column(column, overflow="fold")
     for row, check in enumerate(checks):
-        value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
+        value = "" if check.value is None else f"{format_number(check.value)} {check.unit}".strip()
         number = numbers[row] if numbers else None
         table.add_row(
             f"[{STYLE[check.status]}]{check.status.value}[/]" + (f" {number}" if number else ""),
@@ -100,13 +100,13 @@ def _check_table(
 
 
 def _numbered(hints: list[str]) -> list[int | None]:
-    """1, 2, … for the rows that have a hint, in the table's order; None for the others."""
-    count = 0
-    numbers: list[int | None] = []
+    """1, 2, … for the rows that have a hint, in the table's order, one number per distinct hint (ten
+    checks skipped for want of a driver share one line below the table); None for the rows without."""
+    first: dict[str, int] = {}
     for hint in hints:
-        count += bool(hint)
-        numbers.append(count if hint else None)
-    return numbers
+        if hint and hint not in first:
+            first[hint] = len(first) + 1
+    return [first.get(hint) if hint else None for hint in hints]
 
 
 def _hint_list(hints: list[str], numbers: list[int | None]) -> Table:
@@ -114,16 +114,15 @@ def _hint_list(hints: list[str], numbers: list[int | None]) -> Table:
     listing = Table.grid(padding=(0, 1))
     listing.add_column(justify="right", no_wrap=True)
     listing.add_column(overflow="fold")
-    for hint, number in zip(hints, numbers, strict=True):
-        if number is not None:
-            listing.add_row(str(number), Text(hint))
+    for number, hint in sorted({n: h for h, n in zip(hints, numbers, strict=True) if n is not None}.items()):
+        listing.add_row(str(number), Text(hint))
     return listing
 
 
 def format_bound(threshold: dict) -> str:
     """{'min': 340, 'bytes': 1073741824} -> '>= 340 @ 1 GiB'."""
     parts = [
-        f"{symbol} {threshold[key]:g}"
+        f"{symbol} {format_number(threshold[key])}"
         for key, symbol in (("min", ">="), ("max", "<="), ("equal", "="))
         if isinstance(threshold.get(key), (int, float))
     ]

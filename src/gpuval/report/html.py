@@ -27,7 +27,7 @@ from gpuval.report.console import format_bound
 from gpuval.report.soak import soak_section
 from gpuval.results import Check, Measurement, Result, Status
 from gpuval.scope import node_of, place_of
-from gpuval.units import format_bytes
+from gpuval.units import format_bytes, format_number
 
 _ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.SKIP: 3, Status.PASS: 4}
 _COLOURS = {
@@ -142,7 +142,7 @@ def _banner(result: Result) -> str:
 def _check_rows(checks: list[Check], with_detail: bool) -> str:
     rows = []
     for check in sorted(checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
-        value = "" if check.value is None else f"{check.value:.4g} {check.unit}".strip()
+        value = "" if check.value is None else f"{format_number(check.value)} {check.unit}".strip()
         rows.append(
             f'<tr><td class="status" style="color:{_COLOURS[check.status]}">{check.status.value}</td>'
             f"<td>{html.escape(check.name)}</td><td>{html.escape(check.scope)}</td>"
