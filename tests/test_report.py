@@ -182,13 +182,21 @@ def _console_text(width: int) -> list[str]:
         Check(name="membw.h2d_gbps", status=Status.FAIL, value=44.48, unit="GB/s", threshold={"min": 50},
               scope="gpu:node-a/0", detail=LONG_HINT),
     ]  # fmt: skip
-    result = Result(
+    return _printed(checks, width).splitlines()
+
+
+def _result(checks: list[Check]) -> Result:
+    return Result(
         verdict=Status.FAIL, started_at="2026-11-27T00:00:00+00:00", duration_s=1.0, profile="toy",
         world=World(size=2, nodes=1, backend="gloo"), checks=checks,
     )  # fmt: skip
+
+
+def _printed(checks: list[Check], width: int) -> str:
+    """The check table and its verdict line as print_result writes them at `width` columns."""
     console = Console(file=io.StringIO(), width=width, color_system=None)
-    print_result(result, console)
-    return console.file.getvalue().splitlines()
+    print_result(_result(checks), console)
+    return console.file.getvalue()
 
 
 def _hints_below(lines: list[str]) -> dict[int, list[str]]:
@@ -239,13 +247,7 @@ def test_checks_skipped_for_one_reason_share_its_line_below_the_table():
         Check(name="pcie", status=Status.SKIP, scope="node:vm", detail=no_driver),
         Check(name="expect.gpu_count", status=Status.PASS, value=0, unit="GPUs", threshold={"equal": 0}),
     ]
-    result = Result(
-        verdict=Status.PASS, started_at="2026-12-06T00:00:00+00:00", duration_s=1.0, profile="cpu",
-        world=World(size=2, nodes=1, backend="gloo"), checks=checks,
-    )  # fmt: skip
-    console = Console(file=io.StringIO(), width=80, color_system=None)
-    print_result(result, console)
-    lines = console.file.getvalue().splitlines()
+    lines = _printed(checks, 80).splitlines()
     numbered = {line.split("│")[2].strip(): line.split("│")[1].strip() for line in lines if "│ SKIP" in line}
     assert numbered == {"ecc": "SKIP 1", "infiniband.state": "SKIP 2", "pcie": "SKIP 1", "xid": "SKIP 1"}
     assert _hints_below(lines) == {1: [no_driver], 2: ["no InfiniBand port"]}
@@ -259,13 +261,7 @@ def test_values_and_bounds_read_without_an_exponent():
         Check(name="membw.copy_tbps", status=Status.PASS, value=0.0045468, unit="TB/s",
               threshold={"min": 0.0005}),
     ]  # fmt: skip
-    result = Result(
-        verdict=Status.PASS, started_at="2026-12-06T00:00:00+00:00", duration_s=1.0, profile="toy",
-        world=World(size=1, nodes=1, backend="nccl"), checks=checks,
-    )  # fmt: skip
-    console = Console(file=io.StringIO(), width=120, color_system=None)
-    print_result(result, console)
-    text = console.file.getvalue()
+    text = _printed(checks, 120)
     assert "21136 tokens/s" in text and ">= 20100" in text and "e+0" not in text, text
     assert "0.004547 TB/s" in text and ">= 0.0005" in text
-    assert "21136 tokens/s" in render_html(result)
+    assert "21136 tokens/s" in render_html(_result(checks))
