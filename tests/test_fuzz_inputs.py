@@ -1,11 +1,11 @@
 """Property-based fuzzing of every input gpuval reads (issue 19): profile YAML, --set values, fine-tune
 config YAML, Glaive dataset records, result.json for report/compare, checkpoint folders.
 
-The promise under test (README): bad input exits 2 with ONE line `gpuval: ...` on stderr, never a
-traceback, and leaves nothing behind; good input goes on. The CLI runs in this process (gpuval.cli.main,
-SystemExit caught) so that >= 1,000 cases fit in CI's time; the work after input validation (benchmarks,
-training) is replaced by a stub, since what is fuzzed is the gate in front of it. A few cases at the end run
-as child processes, as users run gpuval.
+The promise under test (README, docs/guarantees.md): bad input exits 2 with ONE line `gpuval: ...` on
+stderr, never a traceback, and leaves nothing behind; good input goes on. The CLI runs in this process
+(gpuval.cli.main, SystemExit caught) so that >= 1,000 cases fit in CI's time; the work after input
+validation (benchmarks, training) is replaced by a stub, since what is fuzzed is the gate in front of it. A
+few cases at the end run as child processes, as users run gpuval.
 """
 
 from __future__ import annotations
@@ -662,7 +662,7 @@ def test_case_count():
     assert total >= 1000 * min(SCALE, 1) or len(COUNTS) < 7, COUNTS
 
 
-# --- each guarantee once, by name (the README's table points here) ------------------------------------------
+# --- each guarantee once, by name (docs/guarantees.md's table points here) ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -755,7 +755,7 @@ def test_rich_markup_in_names_is_printed_as_text():
 def test_usage_errors_of_click_are_one_line(tmp_path, stub_work):
     for args, line in [
         (["accept", "--bogus"], "gpuval: No such option: --bogus (see gpuval accept --help)"),
-        (["compare", "a.json"], "gpuval: Missing argument 'after' (see gpuval compare --help)"),
+        (["compare", "a.json"], "gpuval: Missing argument 'AFTER' (see gpuval compare --help)"),
         (["no-such-command"], "gpuval: No such command 'no-such-command' (see gpuval --help)"),
     ]:
         result = invoke(args, tmp_path)
