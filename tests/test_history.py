@@ -20,7 +20,20 @@ def _ok(name: str, value: float, unit: str, scope: str) -> Check:
     return Check(name=name, status=Status.PASS, value=value, unit=unit, scope=scope)
 
 
-def _run(started: str, bf16: float, gap_pct: float, busbw: float, verdict=Status.PASS, profile="h200-sxm"):
+# Drift judged from one past run: what the tests of direction, window and GPU keying need. A profile asks
+# for five by default (test_drift_waits_for_enough_past_runs_and_says_so).
+FROM_ONE_RUN = HistorySettings(min_runs=1)
+
+
+def _run(
+    started: str,
+    bf16: float,
+    gap_pct: float,
+    busbw: float,
+    verdict=Status.PASS,
+    profile="h200-sxm",
+    step_ms: float = 100.0,
+):
     return Result(
         verdict=verdict,
         started_at=started,
@@ -33,6 +46,7 @@ def _run(started: str, bf16: float, gap_pct: float, busbw: float, verdict=Status
                 name="matmul.bf16_tflops", status=Status.PASS, value=bf16, unit="TFLOP/s", scope="gpu:n1/0"
             ),
             _ok("outliers.matmul_pct", gap_pct, "%", "gpu:n1/0"),
+            _ok("train.step_ms", step_ms, "ms", "cluster"),  # lower is better
             Check(
                 name="all_reduce.busbw_gbps", status=Status.PASS, value=busbw, unit="GB/s", scope="cluster"
             ),
@@ -47,29 +61,89 @@ def _by_name(checks):
 
 def test_a_degraded_run_warns_against_the_median_of_the_past_ones(tmp_path):
     db = tmp_path / "history.sqlite"
-    for day, bf16 in ((1, 700.0), (2, 690.0), (3, 710.0)):
+    for day, bf16 in ((1, 700.0), (2, 690.0), (3, 710.0), (4, 705.0), (5, 695.0)):
         record(db, _run(f"2026-11-0{day}T00:00:00+00:00", bf16, gap_pct=2.0, busbw=350.0))
     # median 700; 600 is (600 - 700) / 700 = 14.3% worse; busbw 340 is 2.9% worse: within 10%
-    degraded = _run("2026-11-04T00:00:00+00:00", 600.0, gap_pct=2.1, busbw=340.0)
+    degraded = _run("2026-11-06T00:00:00+00:00", 600.0, gap_pct=2.1, busbw=340.0)
     drift = _by_name(drift_checks(db, degraded, HistorySettings()))
     assert set(drift) == {"drift.matmul.bf16_tflops"}
     check = drift["drift.matmul.bf16_tflops"]
     assert check.status is Status.WARN and check.scope == "gpu:n1/0" and check.value == 600.0
-    assert check.threshold == {"min": pytest.approx(630.0), "median": 700.0, "runs": 3}  # 700 * (1 - 0.10)
-    assert "14.3% worse than this node's median 700 over its last 3 run(s)" in check.detail
+    assert check.threshold == {"min": pytest.approx(630.0), "median": 700.0, "runs": 5}  # 700 * (1 - 0.10)
+    assert (
+        "600 TFLOP/s is 14.3% worse than this node's median 700 TFLOP/s over its last 5 runs" in check.detail
+    )
     assert "gpuval history --node n1" in check.detail
 
 
 def test_lower_is_better_metrics_drift_upwards_and_settings_apply(tmp_path):
     db = tmp_path / "history.sqlite"
-    record(db, _run("2026-11-01T00:00:00+00:00", 700.0, gap_pct=2.0, busbw=350.0))
-    wider_gap = _run("2026-11-02T00:00:00+00:00", 700.0, gap_pct=4.0, busbw=350.0)  # +100%: worse
-    [check] = drift_checks(db, wider_gap, HistorySettings())
-    assert check.name == "drift.outliers.matmul_pct" and check.threshold["max"] == pytest.approx(2.2)
-    [strict] = drift_checks(db, wider_gap, HistorySettings(fail=True))
+    record(db, _run("2026-11-01T00:00:00+00:00", 700.0, gap_pct=2.0, busbw=350.0, step_ms=100.0))
+    slower = _run("2026-11-02T00:00:00+00:00", 700.0, gap_pct=2.0, busbw=350.0, step_ms=200.0)  # +100%
+    [check] = drift_checks(db, slower, FROM_ONE_RUN)
+    assert check.name == "drift.train.step_ms" and check.threshold["max"] == pytest.approx(110.0)
+    [strict] = drift_checks(db, slower, HistorySettings(min_runs=1, fail=True))
     assert strict.status is Status.FAIL
-    assert drift_checks(db, wider_gap, HistorySettings(tolerance_pct=150)) == []
-    assert drift_checks(db, wider_gap, HistorySettings(min_runs=2)) == []  # one past run is too few
+    assert drift_checks(db, slower, HistorySettings(min_runs=1, tolerance_pct=150)) == []
+    [wait] = drift_checks(db, slower, HistorySettings(min_runs=2))  # one past run is too few
+    assert (wait.name, wait.status) == ("drift", Status.SKIP)
+
+
+def test_drift_waits_for_enough_past_runs_and_says_so_without_changing_the_verdict(tmp_path):
+    """The second run of a node used to WARN against its first alone; now drift waits for five past runs
+    (history.min_runs), one SKIP check says how many there are, and then it judges with rounded figures."""
+    from gpuval.accept import with_drift
+
+    db = tmp_path / "history.sqlite"
+    slow = _run("2026-11-09T00:00:00+00:00", 0.0501234, gap_pct=31.44, busbw=350.0)
+    record(db, _run("2026-11-01T00:00:00+00:00", 0.112834, gap_pct=1.223, busbw=350.0))
+    [wait] = drift_checks(db, slow, HistorySettings())
+    assert (wait.name, wait.status, wait.scope) == ("drift", Status.SKIP, "node:n1")
+    assert wait.detail == (
+        "drift not judged yet: 1 of the 5 past runs it needs here (history.min_runs); judged from run 6 on"
+    )
+    judged = with_drift(slow, db, HistorySettings())
+    assert judged.verdict is Status.PASS and [c.name for c in judged.checks][-1] == "drift"
+    for day in (2, 3, 4, 5):
+        record(db, _run(f"2026-11-0{day}T00:00:00+00:00", 0.112834, gap_pct=1.223, busbw=350.0))
+    [check] = drift_checks(db, slow, HistorySettings())  # the gap's 31.44 % is its own check's to judge
+    assert check.name == "drift.matmul.bf16_tflops" and check.status is Status.WARN
+    assert check.detail.startswith(
+        "0.05012 TFLOP/s is 55.6% worse than this node's median 0.1128 TFLOP/s over its last 5 runs"
+    )
+
+
+def test_a_check_new_here_is_named_while_the_others_are_judged(tmp_path):
+    db = tmp_path / "history.sqlite"
+    record(db, _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 700.0)]}))
+    added = _gpus_run(tmp_path, "2026-11-02T00:00:00+00:00", {"n1": [(0, A, 700.0), (1, B, 690.0)]})
+    [wait] = drift_checks(db, added, FROM_ONE_RUN)
+    assert wait.status is Status.SKIP and wait.detail == (
+        "drift not judged for 1 of 2 checks, new here (such as matmul.bf16_tflops on gpu:n1/1): fewer than "
+        "the 1 past run each needs (history.min_runs)"
+    )
+
+
+def test_the_outliers_gap_is_kept_for_trends_but_never_judged_for_drift(tmp_path):
+    """A gap between peers near 0 % is bounded absolutely each run: from 1.2 % to 31 % read '2470 % worse'
+    against the node's median, and the GPU it names changes from run to run."""
+    db = tmp_path / "history.sqlite"
+    for day in (1, 2, 3, 4, 5):
+        record(db, _run(f"2026-11-0{day}T00:00:00+00:00", 700.0, gap_pct=1.223, busbw=350.0))
+    wider_gap = _run("2026-11-06T00:00:00+00:00", 700.0, gap_pct=31.44, busbw=350.0)
+    assert drift_checks(db, wider_gap, HistorySettings()) == []
+    assert "outliers.matmul_pct" in {t["name"] for t in trends(db, "n1")}
+
+
+def test_every_profile_judges_drift_from_enough_runs_and_min_runs_never_exceeds_the_window():
+    from pydantic import ValidationError
+
+    from gpuval.config import builtin_profiles, load_profile
+
+    least = {name: load_profile(name).history.min_runs for name in builtin_profiles()}
+    assert least == {"cpu": 10, "h100-sxm": 5, "h200-sxm": 5}
+    with pytest.raises(ValidationError, match=r"min_runs \(5\) is more than window \(2\)"):
+        HistorySettings(window=2)
 
 
 def test_the_baseline_skips_errored_runs_other_profiles_and_older_than_the_window(tmp_path):
@@ -80,7 +154,7 @@ def test_the_baseline_skips_errored_runs_other_profiles_and_older_than_the_windo
     record(db, _run("2026-11-04T00:00:00+00:00", 10.0, 2.0, 350.0, verdict=Status.ERROR))
     record(db, _run("2026-11-05T00:00:00+00:00", 10.0, 2.0, 350.0, profile="h100-sxm"))
     current = _run("2026-11-06T00:00:00+00:00", 600.0, 2.0, 350.0)
-    [check] = drift_checks(db, current, HistorySettings(window=2))
+    [check] = drift_checks(db, current, HistorySettings(window=2, min_runs=2))
     assert check.threshold["median"] == 700.0 and check.threshold["runs"] == 2
 
 
@@ -103,7 +177,7 @@ def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval, writ
     multiplied by ten (a faster past), so the second, ordinary run is 90% below the node's median: beyond
     any run-to-run noise of a shared CPU and the profile's 60% tolerance."""
     profile = write_profile(
-        "name: cpu-matmul\nexpect: {gpu_count: 0}\nhistory: {tolerance_pct: 60}\n"
+        "name: cpu-matmul\nexpect: {gpu_count: 0}\nhistory: {tolerance_pct: 60, min_runs: 1}\n"
         "checks:\n  matmul.fp32_tflops: {min: 0.001}\n"
     )
     db = tmp_path / "history.sqlite"
@@ -197,16 +271,16 @@ def test_a_gpu_keeps_its_history_when_its_index_or_node_changes(tmp_path):
     # re-indexed: B is now GPU 0 and A GPU 1. By slot, GPU 0 fell from 700 to 600 (14 % worse); by UUID
     # neither GPU changed
     swapped = _gpus_run(tmp_path, "2026-11-02T00:00:00+00:00", {"n1": [(0, B, 600.0), (1, A, 700.0)]})
-    assert drift_checks(db, swapped, HistorySettings()) == []
+    assert drift_checks(db, swapped, FROM_ONE_RUN) == []
     record(db, swapped)
     # A degrades in its new slot: judged against its own 700, not slot 1's past 600
     degraded = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n1": [(0, B, 600.0), (1, A, 600.0)]})
-    [check] = drift_checks(db, degraded, HistorySettings())
+    [check] = drift_checks(db, degraded, FROM_ONE_RUN)
     assert check.scope == "gpu:n1/1" and check.threshold["median"] == 700.0 and check.threshold["runs"] == 2
     assert "worse than this GPU's (GPU-aaaaaaaa) median 700" in check.detail
     # moved to another node, A still has its past
     moved = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n2": [(0, A, 600.0)]})
-    [check] = drift_checks(db, moved, HistorySettings())
+    [check] = drift_checks(db, moved, FROM_ONE_RUN)
     assert check.scope == "gpu:n2/0" and check.threshold["median"] == 700.0
     assert "gpuval history --node n2" in check.detail
     record(db, moved)
@@ -219,12 +293,13 @@ def test_a_gpu_keeps_its_history_when_its_index_or_node_changes(tmp_path):
 def test_a_replaced_gpu_starts_a_history_of_its_own(tmp_path):
     db = tmp_path / "history.sqlite"
     record(db, _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 700.0)]}))
-    # GPU 0 of n1 is now another GPU, C, slower than A was: no drift, it has no past
+    # GPU 0 of n1 is now another GPU, C, slower than A was: no drift, it has no past (and says so)
     replaced = _gpus_run(tmp_path, "2026-11-02T00:00:00+00:00", {"n1": [(0, C, 500.0)]})
-    assert drift_checks(db, replaced, HistorySettings()) == []
+    [wait] = drift_checks(db, replaced, FROM_ONE_RUN)
+    assert (wait.name, wait.status) == ("drift", Status.SKIP) and "none of the 1 past run it" in wait.detail
     record(db, replaced)
     again = _gpus_run(tmp_path, "2026-11-03T00:00:00+00:00", {"n1": [(0, C, 500.0)]})
-    assert drift_checks(db, again, HistorySettings()) == []  # C against its own 500
+    assert drift_checks(db, again, FROM_ONE_RUN) == []  # C against its own 500
     record(db, again)
     series = {t["gpu_uuid"]: t["values"] for t in trends(db, "n1")}  # one slot, two GPUs' series
     assert series == {A: [700.0], C: [500.0, 500.0]}
@@ -249,11 +324,12 @@ def test_a_history_file_of_the_schema_before_uuids_migrates_and_keeps_its_rows(t
     with closing(sqlite3.connect(db)) as connection:
         connection.executescript(OLD_SCHEMA)
     no_uuid = _run("2026-11-01T00:00:00+00:00", 600.0, gap_pct=2.0, busbw=300.0)  # inventory without GPUs
-    drift = _by_name(drift_checks(db, no_uuid, HistorySettings()))
+    drift = _by_name(drift_checks(db, no_uuid, FROM_ONE_RUN))
     assert drift["drift.matmul.bf16_tflops"].threshold["median"] == 700.0  # by node and scope, as before
     assert drift["drift.all_reduce.busbw_gbps"].threshold["median"] == 350.0
     with_uuid = _gpus_run(tmp_path, "2026-11-01T00:00:00+00:00", {"n1": [(0, A, 600.0)]})
-    assert drift_checks(db, with_uuid, HistorySettings()) == []  # A has no past: the old row may be any GPU
+    [wait] = drift_checks(db, with_uuid, FROM_ONE_RUN)  # A has no past: the old row may be any GPU
+    assert (wait.name, wait.status) == ("drift", Status.SKIP)
     record(db, with_uuid)
     with closing(sqlite3.connect(db)) as connection:
         assert connection.execute("PRAGMA user_version").fetchone() == (2,)

@@ -224,9 +224,9 @@ def test_a_toy_benchmark_is_judged_compared_drift_checked_and_rendered(toy, tmp_
     assert regressions(rows, 10.0) == [row] and unmatched == {"only_before": 0, "only_after": 0}
     assert compare(slow, fast)[0][0].better is True
 
-    # drift: three good runs in history, then the slow one is flagged, lower being worse
+    # drift: five good runs in history (the least it is judged from), then the slow one is flagged
     db = tmp_path / "history.sqlite"
-    for day in (1, 2, 3):
+    for day in (1, 2, 3, 4, 5):
         record(db, _toy_run(100.0, f"2026-11-0{day}T00:00:00+00:00"))
     [drift] = drift_checks(db, slow, HistorySettings())
     assert (drift.name, drift.status, drift.unit) == ("drift.toy.widgets_per_s", Status.WARN, "widgets/s")

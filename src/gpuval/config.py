@@ -170,10 +170,29 @@ class HealthSettings(_Strict):
 
 
 class HistorySettings(_Strict):
+    """Drift: each check against the median of the node's own last runs (gpuval.history).
+
+    A median of fewer runs cannot tell noise from drift: over one past run it is that run, so a run that
+    happened to be fast makes every later one "worse"; the median of five is still right with two of them
+    off. Drift is therefore judged from a full window of five past runs (profiles of noisier machines ask
+    for more, cpu.yaml for ten) and, until then, a SKIP check says how many there are.
+    """
+
     window: StrictInt = Field(5, ge=1, description="a node's last runs whose median is its baseline")
-    min_runs: StrictInt = Field(1, ge=1, description="past runs needed before drift is judged")
+    min_runs: StrictInt = Field(
+        5, ge=1, description="past runs needed before drift is judged (at most the window)"
+    )
     tolerance_pct: float = Field(10.0, ge=0, description="how much worse than the baseline is drift, in %")
     fail: bool = Field(False, description="drift FAILs instead of WARNs")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> HistorySettings:
+        if self.min_runs > self.window:  # the baseline holds `window` runs at most: drift would never come
+            raise ValueError(
+                f"min_runs ({self.min_runs}) is more than window ({self.window}): raise window to "
+                f"{self.min_runs} or lower min_runs"
+            )
+        return self
 
 
 class RuntimeSettings(_Strict):

@@ -6,7 +6,13 @@ ran it ("n1+n2"). A run's drift checks compare each judged value with the median
 same node(s), same profile, over the last `history.window` runs that did not end in ERROR: worse by more
 than `history.tolerance_pct` is a WARN (a FAIL where `history.fail` is set) named `drift.<check>`.
 Which checks are kept, and whether worse means lower or higher, comes from the judged metric's
-declaration (gpuval.metrics): a check of an undeclared or uncompared metric is not kept.
+declaration (gpuval.metrics): a check of an undeclared or uncompared metric is not kept. A check on a
+derived measurement (the outliers gap) is kept for `gpuval history` but never judged for drift: it
+compares a run's figures with each other (gpuval.derived.of_check says why that rules drift out).
+
+Drift is judged only against at least `history.min_runs` past runs (config.HistorySettings says why);
+while a check has fewer, the run gets one SKIP check `drift` saying how many there are and from which run
+drift is judged: a SKIP never changes the verdict.
 
 A check scoped to one GPU ('gpu:n1/3') is also keyed by that GPU's UUID, read from the run's inventory
 (each node's `gpus[]` index and uuid): a GPU moved to another slot or node keeps its history, and a new
@@ -19,16 +25,17 @@ from __future__ import annotations
 import os
 import sqlite3
 import statistics
-from contextlib import closing, suppress
+from contextlib import closing, nullcontext, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuval import metrics
+from gpuval import derived, metrics
 from gpuval.atomic import folders_undone_on_failure
 from gpuval.errors import UsageError
 from gpuval.results import Check, Result, Status
 from gpuval.scope import Scope, node_of
+from gpuval.units import format_number
 
 # PRAGMA user_version. 1 (a file from before versions: user_version 0): values keyed by node and scope;
 # 2: values_.gpu_uuid added, NULL on every older row (those stay keyed by node and scope).
@@ -150,7 +157,7 @@ def _owner(scope: str, group: str) -> str:
 
 
 def _amount(value: float, unit: str) -> str:
-    return f"{value:.4g} {unit}".strip()
+    return f"{format_number(value)} {unit}".strip()
 
 
 def gpu_uuids(result: Result) -> dict[str, str]:
@@ -195,20 +202,25 @@ def _direction(check_name: str) -> int:
 
 
 def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
-    """This run's checks against the node's own recent past (empty on a node with no past)."""
-    if not path.exists():
-        return []
+    """This run's checks against the node's own recent past: a `drift.<check>` for each worse beyond the
+    tolerance, and one SKIP check `drift` while some have too few past runs to be judged."""
     group, uuids = _group(result), gpu_uuids(result)
-    checks = []
-    with closing(_connect(path)) as db:
-        for check in _judged(result):
+    judged = [check for check in _judged(result) if derived.of_check(check.name) is None]
+    checks, too_few = [], []
+    with closing(_connect(path)) if path.exists() else nullcontext() as db:
+        for check in judged:
             node, uuid = _owner(check.scope, group), uuids.get(check.scope)
             subject = (uuid,) if uuid else (node, check.scope)
-            rows = db.execute(
-                _PAST.format(subject=_BY_GPU if uuid else _BY_SCOPE),
-                (*subject, check.name, result.profile, settings.window),
-            ).fetchall()
+            rows = (
+                db.execute(
+                    _PAST.format(subject=_BY_GPU if uuid else _BY_SCOPE),
+                    (*subject, check.name, result.profile, settings.window),
+                ).fetchall()
+                if db is not None
+                else []
+            )
             if len(rows) < settings.min_runs:
+                too_few.append((check, len(rows)))
                 continue
             median = statistics.median(value for (value,) in rows)
             if median == 0:
@@ -229,13 +241,41 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
                     scope=check.scope,
                     detail=(
                         f"{_amount(check.value, check.unit)} is {worse_pct:.1f}% worse than {whose} "
-                        f"median {median:.4g} over its last {len(rows)} run(s) (tolerance "
+                        f"median {_amount(median, check.unit)} over its last {_runs(len(rows))} (tolerance "
                         f"{settings.tolerance_pct:g}%): see `gpuval history --node {node}` and what changed "
                         "(driver, clocks, cooling, firmware)"
                     ),
                 )
             )
+    if too_few:
+        checks.append(_not_judged_yet(too_few, len(judged), settings.min_runs, result))
     return checks
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
+
+
+def _not_judged_yet(too_few: list[tuple[Check, int]], judged: int, needed: int, result: Result) -> Check:
+    """One SKIP check for every check that has fewer than `needed` past runs: how many there are, and from
+    which run on drift is judged (a check of every run has as many past runs as the node; one of a new
+    GPU, or new to the profile, has fewer)."""
+    nodes = _group(result).split("+")
+    past = "past run" if needed == 1 else "past runs"
+    if len(too_few) == judged:
+        most = max(runs for _, runs in too_few)
+        detail = (
+            f"drift not judged yet: {most or 'none'} of the {needed} {past} it needs here "
+            f"(history.min_runs); judged from run {needed + 1} on"
+        )
+    else:
+        check = too_few[0][0]
+        detail = (
+            f"drift not judged for {len(too_few)} of {judged} checks, new here (such as {check.name} on "
+            f"{check.scope}): fewer than the {needed} {past} each needs (history.min_runs)"
+        )
+    scope = Scope.of_node(nodes[0]) if len(nodes) == 1 else Scope.cluster()
+    return Check(name="drift", status=Status.SKIP, scope=str(scope), detail=detail)
 
 
 def record(path: Path, result: Result) -> int:

@@ -196,8 +196,7 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             metric = metrics.of_check(check.name)
             if check.value is None or metric is None or metric.direction == 0:
                 continue
-            ref = CheckRef.read(check.name)
-            if ref is not None and derived.get(ref.measurement) is not None:  # peers compared, not a figure
+            if derived.of_check(check.name) is not None:  # peers compared, not a figure
                 continue
             series = values.setdefault((check.name, check.scope), [None] * len(iterations))
             series[k] = check.value

@@ -76,6 +76,19 @@ def get(name: str) -> Derived | None:
     return all_derived().get(name)
 
 
+def of_check(check_name: str) -> Derived | None:
+    """The derived measurement a check judges ('outliers.matmul_pct' -> outliers), None for any other.
+
+    Such a check compares a run's own figures with each other (the slowest GPU against its peers' median)
+    and is bounded absolutely in every run: a relative change from one run to the next says nothing (a gap
+    of 1 % that becomes 3 % is "200 % worse", and the GPU it names changes from run to run), so drift
+    over a soak's iterations and over a node's history leaves it out."""
+    from gpuval.checkref import CheckRef
+
+    ref = CheckRef.read(check_name)
+    return get(ref.measurement) if ref is not None else None
+
+
 def declarations() -> list[MeasurementDecl]:
     return [d.decl for d in all_derived().values() if d.decl is not None]
 
