@@ -6,6 +6,7 @@ Every case here is rejected before any rank starts, so each child process lives 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -382,3 +383,40 @@ def test_profiles_help_lists_the_list_that_profiles_alone_runs(gpuval, tmp_path)
     alone, listed = gpuval(["profiles"], tmp_path), gpuval(["profiles", "list"], tmp_path)
     assert alone.returncode == listed.returncode == 0, alone.stderr + listed.stderr
     assert alone.stdout == listed.stdout and "cpu:" in listed.stdout
+
+
+def test_accept_says_what_it_starts_before_its_ranks_start(monkeypatch, tmp_path):
+    """The screen stayed blank for the seconds the ranks take to start (torch's import, the process
+    group): the process the user started now says profile, ranks, backend and benchmarks first."""
+    import io
+
+    from conftest import is_launcher_variable
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from gpuval import launch
+    from gpuval.cli import app, options
+
+    for name in [name for name in os.environ if is_launcher_variable(name)]:
+        monkeypatch.delenv(name)
+    said = io.StringIO()
+    monkeypatch.setattr(options, "err_console", Console(file=said, width=200, color_system=None))
+    before_ranks = []
+    monkeypatch.setattr(launch, "run_distributed", lambda *a, **k: before_ranks.append(said.getvalue()) or 0)
+    args = ["accept", "--profile", "cpu", "--quick", "--nproc", "2", "--history", "none"]
+    result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert before_ranks == [
+        "gpuval accept: profile cpu, 2 ranks, gloo, benchmarks: collectives, matmul, membw, train\n"
+    ]
+
+
+def test_a_path_in_the_home_folder_is_said_from_the_tilde(tmp_path):
+    from gpuval.cli.options import home_short
+
+    assert (
+        home_short(Path.home() / ".local/share/gpuval/history.sqlite")
+        == "~/.local/share/gpuval/history.sqlite"
+    )
+    outside = Path("/nonexistent-root-folder/history.sqlite")
+    assert home_short(outside) == str(outside)

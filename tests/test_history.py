@@ -176,6 +176,8 @@ def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval, writ
     """Real accept runs on this CPU (matmul only, to stay quick). The first run's stored values are
     multiplied by ten (a faster past), so the second, ordinary run is 90% below the node's median: beyond
     any run-to-run noise of a shared CPU and the profile's 60% tolerance."""
+    from gpuval.cli.options import home_short
+
     profile = write_profile(
         "name: cpu-matmul\nexpect: {gpu_count: 0}\nhistory: {tolerance_pct: 60, min_runs: 1}\n"
         "checks:\n  matmul.fp32_tflops: {min: 0.001}\n"
@@ -188,6 +190,10 @@ def test_two_accept_runs_one_degraded_give_the_drift_warn(tmp_path, gpuval, writ
         connection.execute("UPDATE values_ SET value = value * 10 WHERE name = 'matmul.fp32_tflops'")
     second = gpuval([*common, "--output", str(tmp_path / "b")], tmp_path)
     assert second.returncode == 0, second.stderr  # a WARN never changes the verdict
+    # where the run was recorded, in the summary: a database in the home folder nobody asked for
+    node = json.loads((tmp_path / "b" / "result.json").read_text())["inventory"]["nodes"][0]["node"]
+    said = f"history: 2 runs of node {node} in {home_short(db)} (gpuval history)"
+    assert said in " ".join(second.stdout.split()), second.stdout
     result = json.loads((tmp_path / "b" / "result.json").read_text())
     drift = [c for c in result["checks"] if c["name"] == "drift.matmul.fp32_tflops"]
     assert {c["scope"].split("/")[-1] for c in drift} == {"0", "1"}  # both ranks' CPUs

@@ -315,6 +315,14 @@ def record(path: Path, result: Result) -> int:
     return run_id
 
 
+def recorded_runs(path: Path, result: Result) -> tuple[str, int]:
+    """The node (or node group, 'n1+n2') of `result` and how many runs of it the history holds."""
+    group = _group(result)
+    with closing(_connect(path)) as db:
+        (count,) = db.execute("SELECT COUNT(*) FROM runs WHERE nodes = ?", (group,)).fetchone()
+    return group, int(count)
+
+
 def runs(path: Path, node: str | None = None, last: int = 20) -> list[dict[str, Any]]:
     """The latest runs (newest first), of one node (or node group containing it) when `node` is given."""
     if not path.exists():

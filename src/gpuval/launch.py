@@ -395,6 +395,12 @@ def default_nproc(gpus_expected: bool = False, cpu_ranks: int = 2) -> int:
     return 1 if gpus_expected or gpus_here() else cpu_ranks
 
 
+def local_ranks(nproc: int | None, gpus_expected: bool = False) -> int:
+    """How many ranks run_distributed starts here when nothing launched this process: --nproc, else the
+    default (default_nproc)."""
+    return nproc if nproc is not None else default_nproc(gpus_expected)
+
+
 def check_gpus_for(ranks: int) -> None:
     """More local ranks than GPUs would put two ranks on one GPU (NCCL refuses): say so before starting."""
     import torch
@@ -422,7 +428,7 @@ def run_distributed(
     """
     from gpuval.runtime import launcher_env
 
-    ranks = nproc if nproc is not None else default_nproc(gpus_expected)
+    ranks = local_ranks(nproc, gpus_expected)
     if launcher_env() == "single" and ranks > 1:
         check_gpus_for(ranks)
         return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Annotated
@@ -19,9 +20,11 @@ from gpuval.cli.options import (
     console,
     default_result_dir,
     exits,
+    home_short,
     is_first_rank,
     progress,
     say,
+    say_written,
 )
 from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, GpuvalError, Interrupted
 
@@ -79,6 +82,22 @@ def accept(
 
     started_at = datetime.now(timezone.utc)
 
+    def header(ranks: int, backend: str) -> str:
+        return (
+            f"gpuval accept: profile {loaded.name}, {ranks} ranks, {backend}, benchmarks: "
+            f"{', '.join(plan) or 'none'}" + (f"; soak: {soak.describe()}" if soak else "")
+        )
+
+    # The process the user started says what runs as soon as it knows: its ranks then take seconds to
+    # start (torch's import, the process group) on a screen that stayed blank. Ranks that torchrun or srun
+    # started have no such parent: rank 0 says it once they joined.
+    from gpuval.runtime import launcher_env
+
+    said_by_parent = launcher_env() == "single" or launch.EXIT_DIR_VARIABLE in os.environ
+    if launcher_env() == "single" and not json_:
+        ranks = launch.local_ranks(nproc, bool(loaded.expect.gpu_count))
+        say(header(ranks, "nccl" if launch.on_gpu() else "gloo"), err=True)
+
     def work() -> int:
         from gpuval.accept import write_error_reports
         from gpuval.quiet import route_third_party_output
@@ -103,13 +122,8 @@ def accept(
         # A rank that stops answering ends the run (gpuval.deadline): rank 0 then leaves an ERROR result.
         with watching(runtime, lambda line: write_error_result(output, loaded, runtime, started_at, line)):
             try:
-                if runtime.is_main and not json_:
-                    say(
-                        f"gpuval accept: profile {loaded.name}, {runtime.world_size} ranks, "
-                        f"{runtime.backend}, benchmarks: {', '.join(plan) or 'none'}"
-                        + (f"; soak: {soak.describe()}" if soak else ""),
-                        err=True,
-                    )
+                if runtime.is_main and not json_ and not said_by_parent:
+                    say(header(runtime.world_size, runtime.backend), err=True)
 
                 def once(iteration: int = 0):  # one whole accept: the Result on rank 0, None elsewhere
                     if not runtime.is_main:
@@ -144,7 +158,14 @@ def accept(
             sys.stdout.write(result.to_json())
         else:
             print_result(result, console)
-            say(f"wrote {', '.join(str(p) for p in paths)}")
+            say_written(paths)
+            if history_path is not None:  # a database in the home folder nobody asked for: say where
+                from gpuval.history import recorded_runs
+
+                nodes, count = recorded_runs(history_path, result)
+                runs = f"{count} run" if count == 1 else f"{count} runs"
+                of = f"nodes {nodes}" if "+" in nodes else f"node {nodes}"
+                say(f"history: {runs} of {of} in {home_short(history_path)} (gpuval history)", style="dim")
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     try:

@@ -16,7 +16,7 @@ from gpuval.cli.options import (
     default_result_dir,
     exits,
     is_first_rank,
-    say,
+    say_written,
 )
 from gpuval.errors import EXIT_ERROR, EXIT_FAIL, EXIT_PASS
 
@@ -59,7 +59,7 @@ def health(
         else:
             where = node if result.world.nodes == 1 else f"{result.world.nodes} nodes"
             print_result(result, console, title=f"gpuval health · {where} · profile {loaded.name}")
-            say(f"wrote {', '.join(str(p) for p in paths)}")
+            say_written(paths)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     if launcher_env() == "single":  # one node, one process: no process group needed

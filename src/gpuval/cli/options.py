@@ -158,9 +158,30 @@ def is_first_rank() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def say(text: str, *, err: bool = False, soft_wrap: bool = False) -> None:
+def say(text: str, *, err: bool = False, soft_wrap: bool = False, style: str | None = None) -> None:
     """One plain line: paths, names and messages come from files and users, never rich markup."""
-    (err_console if err else console).print(text, markup=False, highlight=False, soft_wrap=soft_wrap)
+    (err_console if err else console).print(
+        text, markup=False, highlight=False, soft_wrap=soft_wrap, style=style
+    )
+
+
+def home_short(path: Path) -> str:
+    """A path as people write it: under the home folder, from `~` (~/.local/share/gpuval/history.sqlite)."""
+    try:
+        return f"~/{path.expanduser().absolute().relative_to(Path.home())}"
+    except ValueError:
+        return str(path)
+
+
+def say_written(paths: list[Path]) -> None:
+    """'wrote result.json, junit.xml and report.html to DIR': one folder said once, so that the line fits
+    80 columns more often than three full paths did."""
+    folders = {path.parent for path in paths}
+    if len(folders) != 1 or len(paths) < 2:
+        say(f"wrote {', '.join(str(p) for p in paths)}")
+        return
+    names = [path.name for path in paths]
+    say(f"wrote {', '.join(names[:-1])} and {names[-1]} to {folders.pop()}")
 
 
 def progress() -> Progress:
