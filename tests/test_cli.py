@@ -420,3 +420,21 @@ def test_a_path_in_the_home_folder_is_said_from_the_tilde(tmp_path):
     )
     outside = Path("/nonexistent-root-folder/history.sqlite")
     assert home_short(outside) == str(outside)
+
+
+def test_bench_lists_every_option_with_what_it_does_at_80_columns(gpuval, tmp_path):
+    """`gpuval bench` (which bench's help points to) at 80 columns: an option a row, its description
+    wrapped under its own column, and none without one (`--set ops=…` and five others said nothing)."""
+    from gpuval.bench.registry import all_benchmarks
+    from gpuval.cli.bench import _option_lines
+
+    proc = gpuval(["bench"], tmp_path)  # cli_env: an 80-column terminal
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in proc.stdout, proc.stdout
+    for benchmark in all_benchmarks().values():
+        section = lines[next(i for i, line in enumerate(lines) if line.startswith(f"{benchmark.name}: ")) :]
+        for field, description in _option_lines(benchmark.options):
+            assert description, f"{benchmark.name}: option {field} says nothing"
+            row = next(line for line in section if line.startswith(f"  {field} "))
+            assert description.split()[0] in row, (field, row)

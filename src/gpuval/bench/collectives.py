@@ -203,13 +203,15 @@ def exact_count(size_bytes: int, element_size: int, n: int) -> int:
 class CollectiveOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    ops: list[OpName] = Field(default_factory=lambda: list(ALL_OPS))
+    ops: list[OpName] = Field(default_factory=lambda: list(ALL_OPS), description="the collectives to run")
     min_bytes: ByteSize = Field(description="smallest S")
     max_bytes: ByteSize = Field(description="largest S")
     step_factor: int = Field(2, ge=2, description="S grows by this factor (nccl-tests -f)")
     extra_sizes: list[ByteSize] = Field(default_factory=list, description="sizes measured besides the sweep")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    warmup: int = Field(5, ge=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="element type (nccl-tests -d)"
+    )
+    warmup: int = Field(5, ge=0, description="untimed ops first (nccl-tests -w)")
     iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
     repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
     scope: Literal["world", "node", "pairs"] = Field(

@@ -39,7 +39,7 @@ _CPU_SHAPES_QUICK = [(256, 256, 256), (512, 512, 512)]
 
 
 class MatmulOptions(TimedOptions):
-    dtypes: list[Dtype]
+    dtypes: list[Dtype] = Field(description="precisions measured, of bf16, fp16, fp8, tf32, fp32")
     shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for bf16/fp16/fp8")
     slow_shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for tf32/fp32")
 

@@ -77,8 +77,10 @@ class TrainBenchOptions(BaseModel):
         1e-4, gt=0, description="constant; large enough that a few steps visibly lower the loss"
     )
     dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
-    parallel: Literal["ddp", "fsdp", "deepspeed"] = "ddp"
-    deepspeed_config: str | None = None
+    parallel: Literal["ddp", "fsdp", "deepspeed"] = Field(
+        "ddp", description="ddp (replicated base), fsdp (FSDP2 fully_shard) or deepspeed (deepspeed_config)"
+    )
+    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON (parallel: deepspeed)")
     profile_dir: str | None = Field(
         None, description="PyTorch-profile two timed steps; trace.json and operators.txt go here"
     )

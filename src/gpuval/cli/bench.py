@@ -33,10 +33,24 @@ def bench(
     from gpuval.config import apply_sets
 
     if name is None:
+        from rich.markup import escape
+        from rich.table import Table
+
+        console.print(
+            "Each benchmark and its options: `gpuval bench NAME --set KEY=VALUE` (accept takes "
+            "`--set benchmarks.NAME.KEY=VALUE`)",
+            style="dim",
+            markup=False,
+        )
         for bench_name, item in sorted(all_benchmarks().items()):
-            console.print(f"[bold]{bench_name}[/]: {item.summary}")
+            console.print(f"[bold]{bench_name}[/]: {escape(item.summary)}")
+            # each description wraps under its own column, not under the option names
+            options = Table.grid(padding=(0, 2))
+            options.add_column(no_wrap=True)
+            options.add_column()
             for field, description in _option_lines(item.options):
-                console.print(f"    --set {field}=…  {description}")
+                options.add_row(f"  {field}", escape(description))
+            console.print(options)
         return EXIT_PASS
     benchmark = get(name)
     overrides: dict[str, Any] = {}
