@@ -208,9 +208,7 @@ class CollectiveOptions(BaseModel):
     max_bytes: ByteSize = Field(description="largest S")
     step_factor: int = Field(2, ge=2, description="S grows by this factor (nccl-tests -f)")
     extra_sizes: list[ByteSize] = Field(default_factory=list, description="sizes measured besides the sweep")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="element type (nccl-tests -d)"
-    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="type (nccl-tests -d)")
     warmup: int = Field(5, ge=0, description="untimed ops first (nccl-tests -w)")
     iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
     repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
