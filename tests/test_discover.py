@@ -561,3 +561,14 @@ def test_cli_discover_output_that_cannot_be_written(gpuval, assert_usage_error, 
     assert proc.stdout == ""
     proc = gpuval(["discover", "--output", str(tmp_path)], tmp_path)
     assert_usage_error(proc, "is a directory")
+
+
+def test_the_communication_line_names_the_deploy_env_file_not_a_profile():
+    """GPUVAL_ENV_PROFILE is the deploy/env/ file sourced: 'no gpuval profile' read as accept's profile."""
+    from gpuval.discover.software import communication_env
+    from gpuval.report.inventory import communication_line
+
+    sourced = {"communication": communication_env({"GPUVAL_ENV_PROFILE": "hgx-ib", "NCCL_IB_HCA": "mlx5"})}
+    assert communication_line(sourced) == "deploy/env/hgx-ib.env · NCCL_IB_HCA=mlx5"
+    bare = {"communication": communication_env({})}
+    assert communication_line(bare) == "no deploy/env/ file · no NCCL/gloo/torch.distributed variable set"

@@ -126,11 +126,12 @@ def host_table(inventory: dict[str, Any]) -> Table:
 
 
 def communication_line(inventory: dict[str, Any]) -> str:
-    """'profile hgx-ib · NCCL_IB_HCA=mlx5 …', or what is missing (inventories older than the field)."""
+    """'deploy/env/hgx-ib.env · NCCL_IB_HCA=mlx5 …', or what is missing (inventories older than the field)."""
     comm = inventory.get("communication")
     if comm is None:
         return "not recorded"
-    profile = f"profile {comm['profile']}" if comm.get("profile") else "no gpuval profile"
+    # GPUVAL_ENV_PROFILE names the deploy/env/ file sourced (an NCCL settings file, not an accept profile)
+    profile = f"deploy/env/{comm['profile']}.env" if comm.get("profile") else "no deploy/env/ file"
     variables = " ".join(f"{key}={value}" for key, value in comm.get("variables", {}).items())
     return f"{profile} · {variables or 'no NCCL/gloo/torch.distributed variable set'}"
 
