@@ -369,3 +369,17 @@ def test_history_command_shows_a_gpus_short_uuid_and_node(tmp_path, gpuval):
         ["matmul.bf16_tflops", "gpu:n1/0", "GPU-aaaaaaaa", "n1"],
         ["matmul.bf16_tflops", "gpu:n1/1", "GPU-bbbbbbbb", "n1"],
     ]
+
+
+def test_history_at_80_columns_keeps_check_names_whole_and_has_no_empty_gpu_column(tmp_path, gpuval):
+    db = tmp_path / "history.sqlite"
+    for day in (1, 2):
+        record(db, _run(f"2026-11-0{day}T00:00:00+00:00", 700.0, gap_pct=2.0, busbw=350.0))
+    proc = gpuval(["history", "--history", str(db)], tmp_path)  # cli_env: 80 columns
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, proc.stdout
+    header = next(line for line in lines if "check" in line and "scope" in line)
+    assert "gpu" not in header.replace("check", ""), proc.stdout  # no GPU known by UUID here
+    for name in ("all_reduce.busbw_gbps", "matmul.bf16_tflops", "outliers.matmul_pct", "train.step_ms"):
+        assert any(f"│ {name} " in line for line in lines), (name, proc.stdout)

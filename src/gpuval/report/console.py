@@ -358,17 +358,21 @@ def print_history(
         table.add_row(*(escape(str(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
     console.print(table)
     trend_table = Table(title=escape(f"trends · node {node} · last {last} runs"), title_justify="left")
-    for column in ("check", "scope", "gpu", "node", "values (oldest → latest)", "median", "latest vs median"):
+    gpus = any(item.get("gpu_uuid") for item in series)  # a gpu column where some GPU is known by UUID
+    trend_table.add_column("check", no_wrap=True)
+    trend_table.add_column("scope", no_wrap=True)
+    for column in ("gpu",) * gpus + ("node", "values, oldest first", "median"):
         trend_table.add_column(column, overflow="fold")
+    trend_table.add_column("latest vs median", justify="right")
     for item in series:
         change = item["latest_vs_median_pct"]
         trend_table.add_row(
             escape(item["name"]),
             escape(item["scope"]),
-            escape(short_uuid(item["gpu_uuid"])) if item.get("gpu_uuid") else "",
+            *((escape(short_uuid(item["gpu_uuid"])) if item.get("gpu_uuid") else "",) * gpus),
             escape(item.get("node", "")),
-            " ".join(f"{v:.4g}" for v in item["values"]),
-            f"{item['median']:.4g} {item['unit']}".strip(),
+            " ".join(format_number(v) for v in item["values"]),
+            f"{format_number(item['median'])} {item['unit']}".strip(),
             "" if change is None else f"{change:+.1f} %",
         )
     console.print(trend_table)
