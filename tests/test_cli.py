@@ -385,9 +385,10 @@ def test_profiles_help_lists_the_list_that_profiles_alone_runs(gpuval, tmp_path)
     assert alone.stdout == listed.stdout and "cpu:" in listed.stdout
 
 
-def test_accept_says_what_it_starts_before_its_ranks_start(monkeypatch, tmp_path):
-    """The screen stayed blank for the seconds the ranks take to start (torch's import, the process
-    group): the process the user started now says profile, ranks, backend and benchmarks first."""
+@pytest.fixture
+def accept_stderr(monkeypatch, tmp_path):
+    """`gpuval accept --profile cpu --quick --nproc 2` in this process, its ranks never started: (the
+    CliRunner result, what stderr said when the ranks would have started, all stderr said)."""
     import io
 
     from conftest import is_launcher_variable
@@ -401,14 +402,38 @@ def test_accept_says_what_it_starts_before_its_ranks_start(monkeypatch, tmp_path
         monkeypatch.delenv(name)
     said = io.StringIO()
     monkeypatch.setattr(options, "err_console", Console(file=said, width=200, color_system=None))
-    before_ranks = []
-    monkeypatch.setattr(launch, "run_distributed", lambda *a, **k: before_ranks.append(said.getvalue()) or 0)
-    args = ["accept", "--profile", "cpu", "--quick", "--nproc", "2", "--history", "none"]
-    result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "out")])
+    before_ranks: list[str] = []
+    monkeypatch.setattr(launch, "launch_local", lambda *a, **k: before_ranks.append(said.getvalue()) or 0)
+
+    def run():
+        args = ["accept", "--profile", "cpu", "--quick", "--nproc", "2", "--history", "none"]
+        result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "out")])
+        return result, before_ranks, said.getvalue()
+
+    return run
+
+
+def test_accept_says_what_it_starts_before_its_ranks_start(accept_stderr):
+    """The screen stayed blank for the seconds the ranks take to start (torch's import, the process
+    group): the process the user started now says profile, ranks, backend and benchmarks first."""
+    result, before_ranks, _ = accept_stderr()
     assert result.exit_code == 0, result.output
     assert before_ranks == [
         "gpuval accept: profile cpu, 2 ranks, gloo, benchmarks: collectives, matmul, membw, train\n"
     ]
+
+
+def test_a_refusal_of_the_launcher_is_still_its_one_line_without_the_header(accept_stderr, monkeypatch):
+    """The header comes once nothing can refuse the run any more: a refusal stays one `gpuval:` line."""
+    from gpuval import launch
+    from gpuval.errors import UsageError
+
+    def refused(ranks):
+        raise UsageError(f"--nproc {ranks} asks for more ranks than the 1 GPU(s) visible here")
+
+    monkeypatch.setattr(launch, "check_gpus_for", refused)
+    result, before_ranks, said = accept_stderr()
+    assert isinstance(result.exception, UsageError) and before_ranks == [] and said == ""
 
 
 def test_a_path_in_the_home_folder_is_said_from_the_tilde(tmp_path):

@@ -395,12 +395,6 @@ def default_nproc(gpus_expected: bool = False, cpu_ranks: int = 2) -> int:
     return 1 if gpus_expected or gpus_here() else cpu_ranks
 
 
-def local_ranks(nproc: int | None, gpus_expected: bool = False) -> int:
-    """How many ranks run_distributed starts here when nothing launched this process: --nproc, else the
-    default (default_nproc)."""
-    return nproc if nproc is not None else default_nproc(gpus_expected)
-
-
 def check_gpus_for(ranks: int) -> None:
     """More local ranks than GPUs would put two ranks on one GPU (NCCL refuses): say so before starting."""
     import torch
@@ -419,18 +413,25 @@ def run_distributed(
     extra_argv: tuple[str, ...] = (),
     gpus_expected: bool = False,
     timeout_s: float = 300.0,
+    starting: Callable[[int], None] | None = None,
 ) -> int:
     """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
 
     `extra_argv` pins what the parent resolved (the output directory) so every worker uses the same;
     `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them); `timeout_s`: the
-    collective timeout, which also bounds how long the launcher waits for a rank that outlives the others.
+    collective timeout, which also bounds how long the launcher waits for a rank that outlives the others;
+    `starting(ranks)`: called in the process the user started, once the ranks are known to be startable
+    and before they start (their start-up takes seconds: the command says what starts first).
     """
     from gpuval.runtime import launcher_env
 
-    ranks = local_ranks(nproc, gpus_expected)
-    if launcher_env() == "single" and ranks > 1:
+    ranks = nproc if nproc is not None else default_nproc(gpus_expected)
+    single = launcher_env() == "single"
+    if single and ranks > 1:
         check_gpus_for(ranks)
+    if single and starting is not None:
+        starting(ranks)
+    if single and ranks > 1:
         return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s)
     try:
         code = work()

@@ -88,15 +88,16 @@ def accept(
             f"{', '.join(plan) or 'none'}" + (f"; soak: {soak.describe()}" if soak else "")
         )
 
-    # The process the user started says what runs as soon as it knows: its ranks then take seconds to
-    # start (torch's import, the process group) on a screen that stayed blank. Ranks that torchrun or srun
-    # started have no such parent: rank 0 says it once they joined.
+    def starting(ranks: int) -> None:
+        if not json_:
+            say(header(ranks, "nccl" if launch.on_gpu() else "gloo"), err=True)
+
+    # The process the user started says what runs once every refusal is behind it (`starting`): its ranks
+    # then take seconds to start (torch's import, the process group) on a screen that stayed blank. Ranks
+    # that torchrun or srun started have no such parent: rank 0 says it once they joined.
     from gpuval.runtime import launcher_env
 
     said_by_parent = launcher_env() == "single" or launch.EXIT_DIR_VARIABLE in os.environ
-    if launcher_env() == "single" and not json_:
-        ranks = launch.local_ranks(nproc, bool(loaded.expect.gpu_count))
-        say(header(ranks, "nccl" if launch.on_gpu() else "gloo"), err=True)
 
     def work() -> int:
         from gpuval.accept import write_error_reports
@@ -175,6 +176,7 @@ def accept(
             extra_argv,
             gpus_expected=bool(loaded.expect.gpu_count),
             timeout_s=loaded.runtime.timeout_s,
+            starting=starting,
         )
     except GpuvalError:
         raise
