@@ -166,7 +166,8 @@ def accept(
                 nodes, count = recorded_runs(history_path, result)
                 runs = f"{count} run" if count == 1 else f"{count} runs"
                 of = f"nodes {nodes}" if "+" in nodes else f"node {nodes}"
-                say(f"history: {runs} of {of} in {home_short(history_path)} (gpuval history)", style="dim")
+                where = home_short(history_path)  # soft-wrapped: a long path stays one piece to copy
+                say(f"history: {runs} of {of} in {where} (gpuval history)", style="dim", soft_wrap=True)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     try:

@@ -175,13 +175,14 @@ def home_short(path: Path) -> str:
 
 def say_written(paths: list[Path]) -> None:
     """'wrote result.json, junit.xml and report.html to DIR': one folder said once, so that the line fits
-    80 columns more often than three full paths did."""
+    80 columns more often than three full paths did; soft-wrapped, so that a long path is never cut in
+    two where rich would fold it, and copies whole."""
     folders = {path.parent for path in paths}
     if len(folders) != 1 or len(paths) < 2:
-        say(f"wrote {', '.join(str(p) for p in paths)}")
+        say(f"wrote {', '.join(str(p) for p in paths)}", soft_wrap=True)
         return
     names = [path.name for path in paths]
-    say(f"wrote {', '.join(names[:-1])} and {names[-1]} to {folders.pop()}")
+    say(f"wrote {', '.join(names[:-1])} and {names[-1]} to {folders.pop()}", soft_wrap=True)
 
 
 def progress() -> Progress:
