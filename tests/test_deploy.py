@@ -127,6 +127,7 @@ SHELL_SCRIPTS = [
     *sorted((REPO / "benchmarks").glob("*.sh")),
     *sorted((REPO / "tools").glob("**/*.sh")),
     REPO / ".ci" / "run",
+    REPO / ".ci" / "lock",
     *ENV_PROFILES,
 ]
 

@@ -33,18 +33,52 @@ def test_the_readme_states_the_range_ci_enforces() -> None:
         assert version in line
 
 
+def _locked(name: str) -> dict[str, str]:
+    """The packages of one of CI's lock files (.ci/locks/NAME.txt), lower-case name -> version."""
+    text = (REPO / ".ci" / "locks" / f"{name}.txt").read_text(encoding="utf-8")
+    pins = [line.split("==", 1) for line in text.splitlines() if line and not line.startswith("#")]
+    assert all(len(pin) == 2 for pin in pins), f"{name}.txt: every line NAME==VERSION"
+    return {package.lower(): version for package, version in pins}
+
+
 def test_ci_runs_the_suite_on_one_end_and_what_can_differ_between_releases_on_the_lowest() -> None:
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    lock = (REPO / ".ci" / "lock").read_text(encoding="utf-8")
     dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text(encoding="utf-8")
     (pinned,) = re.findall(r"^ARG TORCH_VERSION=(\S+)$", dockerfile, re.M)
     assert parse(pinned) == TORCH_LOWEST and pinned in TORCH_CI  # the image runs the lowest, tested
-    assert "pip install -q --no-compile torch==2.13.0" in ci and "2.13.0" in TORCH_CI
-    assert "sed -n 's/^ARG TORCH_VERSION=//p' deploy/docker/Dockerfile" in ci
-    assert '.venv-lowest/bin/python -m pip install -q --no-compile "torch==${lowest}"' in ci
-    assert ".venv-lowest/bin/python -m pytest -m torch_version" in ci
+    # what the venvs are made of (.ci/lock's recipes) and what they hold (the locks .ci/run installs)
+    assert "install -q torch==2.13.0" in lock and "2.13.0" in TORCH_CI
+    assert _locked("main")["torch"].split("+")[0] == "2.13.0"
+    assert "sed -n 's/^ARG TORCH_VERSION=//p' deploy/docker/Dockerfile" in lock
+    assert _locked("lowest")["torch"].split("+")[0] == pinned
+    assert "install_lock .venv main" in ci and "install_lock .venv-lowest lowest" in ci
+    assert ".venv-lowest/bin/python -m pytest -m" in ci
     assert re.search(r"^\.venv/bin/python -m pytest$", ci, re.M)
     for version in TORCH_CI:
         assert TORCH_LOWEST <= parse(version) < TORCH_BELOW
+
+
+def test_the_lowest_venv_holds_the_lowest_releases_pyproject_declares() -> None:
+    """pyproject's `>=` for the packages .ci/lower-bounds names are what the lowest venv's lock holds, so
+    a bound raised or lowered in pyproject without a new lock fails here (issue 48: the bounds had never
+    been installed anywhere)."""
+    import subprocess
+    import sys
+
+    from packaging.version import Version
+
+    bounds = subprocess.run(
+        [sys.executable, str(REPO / ".ci" / "lower-bounds")], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {b.split("==")[0] for b in bounds} >= {"numpy", "pydantic", "transformers", "peft", "datasets"}
+    locked = _locked("lowest")
+    for bound in bounds:
+        name, version = bound.split("==")
+        assert Version(locked[name.lower()]) == Version(version), (name, locked[name.lower()], version)
+    main = _locked("main")
+    assert "deepspeed" in main and "mkdocs" in main and "trl" in main  # every extra CI's suite uses
+    assert "trl" not in locked  # the lowest venv takes `test`, not `dev` (TRL asks for a newer datasets)
 
 
 def test_the_readme_runs_the_tests_as_ci_does_and_the_torch_version_modules_exist() -> None:
@@ -84,8 +118,7 @@ def test_the_readme_setup_makes_the_venv_then_puts_ci_s_torch_in_it_as_the_cpu_b
     block = text.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")  # continued lines joined
     (setup,) = [line for line in block.splitlines() if line.startswith("python3 -m venv .venv")]
     steps = [step.strip() for step in setup.split("#")[0].split("&&")]
-    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    (pinned,) = re.findall(r"pip install -q --no-compile (torch==\S+)$", ci, re.M)
+    pinned = "torch==" + _locked("main")["torch"].split("+")[0]  # the CPU build's local tag left to the index
     assert steps[:3] == [
         "python3 -m venv .venv",
         f".venv/bin/pip install {pinned} --index-url https://download.pytorch.org/whl/cpu",
