@@ -178,7 +178,20 @@ def generated_schema(document: Document = "result") -> dict[str, Any]:
         "result": (Result, SCHEMA_ID, "gpuval result"),
         "bench": (BenchDocument, BENCH_SCHEMA_ID, "gpuval bench"),
     }[document]
-    schema = model.model_json_schema(by_alias=True)
+    schema = _open_mappings_said(model.model_json_schema(by_alias=True))
     schema["$id"] = schema_id
     schema["title"] = title
     return schema
+
+
+def _open_mappings_said(node: Any) -> Any:
+    """Every free-form mapping (`dict[str, Any]`: an object with no properties) says
+    `additionalProperties: true`, as newer pydantic releases write it; 2.6, the lowest gpuval supports,
+    leaves it implicit, which JSON Schema reads the same. Said always, the schema is one text on both."""
+    if isinstance(node, dict):
+        node = {key: _open_mappings_said(value) for key, value in node.items()}
+        if node.get("type") == "object" and "properties" not in node and "additionalProperties" not in node:
+            node["additionalProperties"] = True
+    elif isinstance(node, list):
+        node = [_open_mappings_said(value) for value in node]
+    return node
