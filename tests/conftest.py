@@ -40,6 +40,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -506,6 +507,80 @@ def cpu_rowwise_scaled_mm() -> bool:
 
 
 NEEDS_CPU_ROWWISE_FP8 = "this torch's CPU _scaled_mm takes per-tensor scales only (row-wise from torch 2.12)"
+
+
+# --- floats summed in another order ------------------------------------------------------------------------
+# Two computations of one quantity that add the same terms in another order (a product of other rows or
+# columns, fused against unfused, chunked, sharded; another CPU's kernels or another thread count) agree to
+# rounding, not bit for bit: they are compared by assert_close_to_scale. Bitwise equality is right only for
+# values copied, selected or computed by the very same operations on the same shapes.
+
+FLOAT64_REORDERED = 1e-9  # rel of assert_close_to_scale between two float64 computations of one quantity
+
+
+def assert_close_to_scale(actual: Any, expected: Any, *, rel: float, msg: str | None = None) -> None:
+    """`actual` equals `expected` within `rel` of the expected tensor's largest |value| plus `rel` of each
+    element's own: torch.testing.assert_close with atol = rel × max|expected| and rtol = rel.
+
+    Why scaled to the tensor: each addition of a sum rounds by at most the unit roundoff u (2^-24 ≈ 6e-8 in
+    float32, 2^-53 ≈ 1.1e-16 in float64), so K products summed in another order differ by up to about
+    K·u·Σ|terms| (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §3.1), typically
+    √K·u·Σ|terms| as the roundings' signs are random (Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019).
+    Σ|terms| is of the size of the tensor's values, not of 1: an absolute atol (torch.testing.assert_close's
+    default is 1e-5 for float32) fails for gradients of size 40 on a CPU whose kernels add in another order
+    (AVX-512 against AVX2, another thread count) and says nothing about values of size 1e-3. An element that
+    is a cancellation (a gradient near zero, Σ|terms| ≫ |value|) errs by u times the size of its
+    neighbours, not of itself: hence the tensor's largest value, besides each element's own (rtol).
+
+    rel: where two algorithms agree exactly in exact arithmetic (fewer rows against all rows, fused against
+    unfused, sharded against whole), run both in float64 and pass FLOAT64_REORDERED: 1e-9 is about 10^7 u,
+    far above any reordering, and far below a real fault (a row dropped or counted twice moves values by a
+    percent or more), whatever the kernels. A comparison that must stay in float32 or bfloat16 (a kernel
+    that exists only there) states its rel beside it, from the dtype and the reduction's length.
+    """
+    import torch
+
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+    atol = rel * scale
+
+    def message(generated: str) -> str:
+        allowed = (
+            f"allowed: {rel:g} of each value + {atol:.3g} ({rel:g} of the largest |expected|, {scale:.3g})"
+        )
+        return f"{msg + ': ' if msg else ''}{generated}\n{allowed}"
+
+    torch.testing.assert_close(actual, expected, rtol=rel, atol=atol, msg=message)
+
+
+ADAMW_STEPS_REL = (
+    3e-2  # assert_close_to_adamw_steps: the share of the summed steps two trainings may differ by
+)
+
+
+def assert_close_to_adamw_steps(actual: Any, expected: Any, *, lr_sum: float, msg: str | None = None) -> None:
+    """Weights that AdamW trained from one start, through float32 sums in another order (the trainer runs in
+    float32 or bf16 only): every element within ADAMW_STEPS_REL of `lr_sum`, the steps' learning rates
+    summed.
+
+    Why that scale: AdamW moves a weight by lr·m/√v a step, a ratio of size about 1 whatever the gradient's,
+    so training can move any weight by about lr_sum, not by a share of the weight (a LoRA A matrix keeps its
+    random start, ~0.07 here, and moves by lr_sum at most; a B matrix starts at zero). The same ratio turns
+    float32's rounding of a gradient element near zero (~1e-6 of the gradients' size) into a share of that
+    element's step: seen up to 5e-4 of lr_sum after 3 steps (fused against unfused q/k/v on AVX2 kernels) and
+    ~1.4e-2 after FSDP's reduce-scatter over 4 steps (test_finetune_train). A fault moves weights by whole
+    steps: an adapter left untrained in one run differs by ~0.4 of lr_sum after 3 steps.
+    """
+    import torch
+
+    atol = ADAMW_STEPS_REL * lr_sum
+
+    def message(generated: str) -> str:
+        allowed = (
+            f"allowed: {atol:.3g} ({ADAMW_STEPS_REL:g} of the steps' summed learning rate, {lr_sum:.3g})"
+        )
+        return f"{msg + ': ' if msg else ''}{generated}\n{allowed}"
+
+    torch.testing.assert_close(actual, expected, rtol=0, atol=atol, msg=message)
 
 
 @pytest.fixture(scope="session")

@@ -282,7 +282,8 @@ def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_origina
         grads.append((out.detach(), leaf.grad))
     (out_a, grad_fp8), (out_b, grad_bf16) = grads
     assert torch.equal(out_a, out_b)  # the same FP8 forward
-    assert torch.equal(grad_bf16, grad_out @ linear.weight)  # bf16 against the original weight
+    # bf16 against the original weight: the very same product (operands, shapes, layout), bit for bit
+    assert torch.equal(grad_bf16, grad_out @ linear.weight)
     assert not torch.equal(grad_fp8, grad_bf16)  # the FP8 backward rounds differently
     part = bf16_grad.rows(8, 24)
     assert part.weight_back.data_ptr() == linear.weight[8].data_ptr() or torch.equal(

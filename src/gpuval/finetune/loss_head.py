@@ -21,11 +21,11 @@ class LossHead:
     """Summed next-token cross-entropy of a micro-batch from the model's output, over the labelled rows only
     (`label_rows`): about half of a fine-tune's tokens are prompt, system and tool text that no loss reads.
 
-    Plain: the model returns logits and F.cross_entropy reduces the labelled rows in float32. Fused: the
-    model's output head is replaced by an identity, so the model returns the final hidden states, and a
-    fused linear cross-entropy (`train.step.loss_kernel`: gpuval's chunked one, linear_ce.py, or Liger's)
-    applies the head weight chunk by chunk to the labelled rows alone:
-    the output head's products (2 × 152,064 × 3,584 FLOPs per row for Qwen2-7B, forward and again for the
+    Plain: the model returns logits and F.cross_entropy reduces the labelled rows in float32 (float64 logits
+    in float64). Fused: the model's output head is replaced by an identity, so the model returns the final
+    hidden states, and a fused linear cross-entropy (`train.step.loss_kernel`: gpuval's chunked one,
+    linear_ce.py, or Liger's) applies the head weight chunk by chunk to the labelled rows alone: the output
+    head's products (2 × 152,064 × 3,584 FLOPs per row for Qwen2-7B, forward and again for the
     gradient) are spent on no row the loss ignores."""
 
     fused: Any = None  # (weight, hidden, targets) -> summed loss: linear_ce's or Liger's; None: plain
@@ -64,7 +64,11 @@ class LossHead:
         picked = output.flatten(0, 1) if rows is None else output.flatten(0, 1).index_select(0, rows)
         if self.fused is not None:
             return self.fused(self.weight, picked, targets)
-        return F.cross_entropy(picked.float(), targets, reduction="sum")
+        # float32 for bf16 and float32 logits; float64 ones stay float64 (the tests' exact reference, as in
+        # linear_ce.py)
+        return F.cross_entropy(
+            picked.to(torch.promote_types(picked.dtype, torch.float32)), targets, reduction="sum"
+        )
 
 
 class FusedLossPart(Part):
