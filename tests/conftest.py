@@ -195,6 +195,7 @@ LONGEST = (
     "test_soak.py::test_a_slowdown_in_iteration_2",
     "test_finetune_packed_dropout.py::test_the_compiled_dropout",
     "test_finetune_model.py::test_pretraining_runs_on_a_cpu",
+    "test_kernel_paths.py::test_the_numerical_tests_pass",
 )
 
 
@@ -283,6 +284,27 @@ def pytest_configure(config: pytest.Config) -> None:
             sys.modules["torch"].set_num_threads(1)
     elif config.getoption("numprocesses", None) and not config.getoption("testrunuid", None):
         config.option.testrunuid = uuid.uuid4().hex  # the workers' too: names the run's files
+    _check_kernel_path()
+
+
+EXPECT_CPU_CAPABILITY = "GPUVAL_EXPECT_CPU_CAPABILITY"  # tests/test_kernel_paths.py's child runs set it
+
+
+def _check_kernel_path() -> None:
+    """Where GPUVAL_EXPECT_CPU_CAPABILITY is set (test_kernel_paths.py's child runs), torch must run the
+    vectorised kernels it names, before any test: a run left on another path (ATEN_CPU_CAPABILITY mistyped,
+    or naming a path this CPU lacks) would pass as a test of the wrong one."""
+    expected = os.environ.get(EXPECT_CPU_CAPABILITY)
+    if not expected:
+        return
+    import torch
+
+    actual = torch.backends.cpu.get_cpu_capability()
+    if actual != expected:
+        raise pytest.UsageError(
+            f"{EXPECT_CPU_CAPABILITY}={expected}, but torch runs its {actual} kernels "
+            f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', '')!r})"
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
