@@ -161,9 +161,30 @@ NOT_ON_THE_LOWEST = {
 }
 
 
+# Modules whose quick tests exercise gpuval's use of the packages the lowest venv holds at their lowest
+# declared releases (.ci/lower-bounds): pydantic's models and schemas, typer's CLI, NVML's bindings, the
+# datasets loader, numpy. Their quick tier is `lowest_bounds`, which .ci/run runs there beside torch_version,
+# so each of those bounds in pyproject is a tested truth (issue 48).
+LOWEST_BOUND_MODULES = frozenset(
+    {
+        "test_config.py",
+        "test_results.py",
+        "test_cli.py",
+        "test_nvml.py",
+        "test_health.py",
+        "test_discover.py",
+        "test_derive.py",
+        "test_finetune_data.py",
+        "test_finetune_formats.py",
+        "test_finetune_glaive.py",
+    }
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out; a test of a
-    TORCH_VERSION_MODULES module is torch_version, less NOT_ON_THE_LOWEST. Under parallel workers:
+    TORCH_VERSION_MODULES module is torch_version, less NOT_ON_THE_LOWEST; a quick one of a LOWEST_BOUND_MODULES
+    module is lowest_bounds. Under parallel workers:
     _share_out."""
     for item in items:
         if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in ALSO_SLOW):
@@ -172,6 +193,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         left_out = names & NOT_ON_THE_LOWEST
         if item.path.name in TORCH_VERSION_MODULES and not left_out:
             item.add_marker(pytest.mark.torch_version)
+        if item.path.name in LOWEST_BOUND_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.lowest_bounds)
     if hasattr(config, "workerinput"):  # an xdist worker: each collects, and all order alike
         _share_out(config, items)
 
