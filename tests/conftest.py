@@ -183,9 +183,8 @@ LOWEST_BOUND_MODULES = frozenset(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test marked dist, slurm or browser is slow too, so `-m "not slow"` leaves it out; a test of a
-    TORCH_VERSION_MODULES module is torch_version, less NOT_ON_THE_LOWEST; a quick one of a LOWEST_BOUND_MODULES
-    module is lowest_bounds. Under parallel workers:
-    _share_out."""
+    TORCH_VERSION_MODULES module is torch_version, less NOT_ON_THE_LOWEST; a quick one of a
+    LOWEST_BOUND_MODULES module is lowest_bounds. Under parallel workers: _share_out."""
     for item in items:
         if item.get_closest_marker("slow") is None and any(item.get_closest_marker(m) for m in ALSO_SLOW):
             item.add_marker(pytest.mark.slow)
