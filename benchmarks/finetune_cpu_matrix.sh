@@ -3,7 +3,8 @@
 # seeds on two kernel paths: the machine's own (ATen's and MKL's widest: AVX-512 where the CPU has it) and
 # AVX2 (ATEN_CPU_CAPABILITY=avx2 with MKL_ENABLE_INSTRUCTIONS=AVX2, the kernels an AVX2-only CPU runs).
 # Seed 0 on the machine's path runs first and alone, with every core: the shipped run, timed. The other five
-# run two at a time, one thread each (their scores, not their times, are what they are for).
+# run two at a time, one thread each (their scores, not their times, are what they are for). ALONE=0: no
+# run alone; every run in the pairs, on one thread.
 # Writes under OUT (default benchmarks/results/DATE-cpu-finetune-seeds): runs.json (each run's path, seed,
 # threads, wall time, CPU capability and every split's tuned exact_call_accuracy), table.md, log-*.txt,
 # run.json (date, CPU, versions).
@@ -37,10 +38,10 @@ print(json.dumps(row))
 PY
 }
 first=${SEEDS%% *}
-one native "$first" "$(nproc)"
+[ "${ALONE:-1}" = 1 ] && one native "$first" "$(nproc)"
 pairs=()
 for seed in $SEEDS; do
-  [ "$seed" = "$first" ] || pairs+=("native $seed")
+  [ "$seed" = "$first" ] && [ "${ALONE:-1}" = 1 ] || pairs+=("native $seed")
   pairs+=("avx2 $seed")
 done
 for ((i = 0; i < ${#pairs[@]}; i += 2)); do
