@@ -91,7 +91,9 @@ def test_ci_runs_the_repository_ci_script_and_builds_the_repository_dockerfile()
     (lint,) = [job for job in jobs.values() if "bash .ci/run" in _runs(job)]
     ci_run = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     # .ci/run pins torch; the job's index makes the pin a CPU build, as the file on the CI machine is
-    assert re.search(r"pip install -q --no-compile torch==\S+", ci_run)
+    assert "install_lock .venv main" in ci_run  # the full suite's venv is the lock's, which pins torch
+    lock = (REPO / ".ci" / "locks" / "main.txt").read_text(encoding="utf-8")
+    assert re.search(r"^torch==\S+$", lock, re.M)
     assert lint["env"]["PIP_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     assert "ruff check" in _runs(lint)
     builds = [step for job in jobs.values() for step in _steps(job, "docker/build-push-action")]
