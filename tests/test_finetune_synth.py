@@ -180,6 +180,21 @@ def test_made_up_like_adds_a_query_or_an_accent_now_and_then():
     assert all(re.fullmatch(r"[a-z]{5}@[a-z]{7}\.[a-z]{3}", e) for e in emails)
 
 
+def test_pieces_like_says_a_word_again_and_ends_on_a_possessive_now_and_then():
+    """Shapes of held-out values no train value had: a word said twice ("github.com/pytorch/pytorch": a copy
+    that follows the first occurrence runs on) and a value that ends on "'s" ("St. John's": the marks
+    inside a value were always followed by another word)."""
+    rng = random.Random(0)
+    pieces = tuple(a + b for a in "bcdfg" for b in "aeiou")  # 25 two-letter pieces: chance repeats are rare
+    urls = [pieces_like("https://github.com/pytorch/pytorch", rng, pieces) for _ in range(1000)]
+    repeated = sum(len(set(w := re.findall(r"[a-z]+", u))) < len(w) for u in urls)
+    # 1 - 0.9**4 = 34 % of five-word values say a word again; two random words of pieces almost never agree
+    assert 250 < repeated < 450, repeated
+    names = [pieces_like("Cape Town", rng, pieces) for _ in range(2000)]
+    assert 50 < sum(n.endswith("'s") for n in names) < 160  # 5 % of 2,000
+    assert not any(u.endswith("'s") for u in urls)  # an address keeps its shape
+
+
 def test_pieces_like_keeps_case_digits_and_address_shape():
     rng = random.Random(0)
     titles = [pieces_like("Cape Town", rng, ("ab", "cde")) for _ in range(200)]
@@ -193,7 +208,13 @@ def test_pieces_like_keeps_case_digits_and_address_shape():
         assert title[0].isupper() and title[1].islower(), title
         for value in (upper, title):  # letters, and the marks a value may gain
             assert all(c.isalpha() or c in " .'-" for c in value), value
-        url = pieces_like("https://docs.python.org/3/", rng, ("ab", "cde"))
-        assert re.fullmatch(r"[abcde]{5,}://[abcde]{4,}\.[abcde]{6,}\.[abcde]{3,}/3/", url), url
-        email = pieces_like("kenji@example.com", rng, ("ab", "cde"))
-        assert re.fullmatch(r"[abcde]{5,}@[abcde]{7,}\.[abcde]{3,}", email), email
+        for example in ("https://docs.python.org/3/", "kenji@example.com"):
+            made = pieces_like(example, rng, ("ab", "cde"))
+            # the same marks and digits in the same places; each word made of pieces, about as long as the
+            # one it replaces, or a word of the value said again ("pytorch/pytorch")
+            assert re.sub(r"[a-z]+", "w", made) == re.sub(r"[a-z]+", "w", example), made
+            said: list[str] = []
+            for word, was in zip(re.findall(r"[a-z]+", made), re.findall(r"[a-z]+", example), strict=True):
+                assert re.fullmatch(r"(ab|cde)+", word), made
+                assert len(word) >= len(was) or word in said, made
+                said.append(word)

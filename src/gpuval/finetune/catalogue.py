@@ -144,15 +144,19 @@ def near_miss(example: str, rng: random.Random) -> str:
 INNER_MARKS = ("'s ", "'", "-")
 # Letters of held-out names ("Kraków") that no train value has: their UTF-8 bytes are tokens of their own.
 ACCENTED = "áàâäãåçéèêëíìîïñóòôöõøúùûüýś"
+REPEATED_WORD_PROBABILITY = 0.1  # each word of a made-up value after its first
+POSSESSIVE_END_PROBABILITY = 0.05
 
 
 def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
     """`example` with every run of letters replaced by random word `pieces` joined to about the run's
-    length, case kept, now and then with an accented letter; sometimes a word more, an initial ("K. ")
-    or a mark from INNER_MARKS inside, or an abbreviation before a name ("Mt. "): how many words a value
-    has, and where it ends, must be read from the request too."""
+    length, case kept, now and then with an accented letter or a word of the value said again
+    ("github.com/pytorch/pytorch", "Walla Walla"); sometimes a word more, an initial ("K. ") or a mark from
+    INNER_MARKS inside, or an abbreviation before a name ("Mt. "): how many words a value has, and where
+    it ends, must be read from the request too."""
 
     address = "/" in example or "@" in example  # keeps its shape, and ASCII
+    said: list[str] = []
 
     def word(length: int) -> str:
         out = rng.choice(pieces)
@@ -165,7 +169,12 @@ def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
 
     def letters(match: re.Match[str]) -> str:
         run = match.group(0)
-        out = word(len(run)).lower()
+        # A word said twice: a copy that follows the first occurrence runs on from there instead.
+        if said and rng.random() < REPEATED_WORD_PROBABILITY:
+            out = rng.choice(said)
+        else:
+            out = word(len(run)).lower()
+            said.append(out)
         if run.isupper():
             return out.upper()
         return out.capitalize() if run[0].isupper() else out
@@ -181,6 +190,8 @@ def pieces_like(example: str, rng: random.Random, pieces: Sequence[str]) -> str:
         made = made[:at] + mark + made[at + 1 :]
     if example[0].isupper() and not example.isupper() and rng.random() < 0.1:
         made = f"{_abbreviation(rng)}. {made}"  # "St. John's": a full stop that does not end the value
+    if rng.random() < POSSESSIVE_END_PROBABILITY and made[-1].isalpha():
+        made += "'s"  # the marks above are always followed by a word; here one ends the value ("Macy's")
     return made
 
 
