@@ -292,6 +292,20 @@ def test_device_defaults_and_settings_that_cannot_run_here():
         _kernels(kernels="liger-loss", on_gpu=False, loss_kernel="liger")
 
 
+def test_float32_weights_on_a_gpu_take_sdpa_since_the_flash_kernels_take_half_precision_only(monkeypatch):
+    """The tiny config (float32, no autocast) on a GPU stopped at its first step with FlashAttention's "only
+    support fp16 and bf16" when auto chose varlen; now auto picks SDPA there and varlen by hand is refused
+    up front. bf16 on a GPU and float32 on a CPU keep varlen."""
+    from gpuval.finetune import attention
+
+    monkeypatch.setattr(attention, "_varlen_attn", lambda: object())  # as on a GPU with torch >= 2.10
+    assert _attention(attention="auto", on_gpu=True, dtype="float32").choice == "sdpa"
+    assert _attention(attention="auto", on_gpu=True, dtype="bfloat16").choice == "varlen"
+    assert _attention(attention="auto", on_gpu=False, dtype="float32").choice == "varlen"
+    with pytest.raises(UsageError, match=r"^train.step.attention=varlen runs flash kernels.*float32: set"):
+        _attention(attention="varlen", on_gpu=True, dtype="float32")
+
+
 @pytest.mark.parametrize("installed", [True, False], ids=["liger", "no-liger"])
 def test_auto_kernels_on_a_gpu_keep_the_fused_loss_with_or_without_liger(monkeypatch, installed):
     """Whether Liger-Kernel is installed only decides Liger's model kernels in uncompiled layers: the fused

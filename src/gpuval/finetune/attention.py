@@ -13,7 +13,8 @@ Attention (`train.step.attention`)
   function runs SDPA once per document, so the plumbing is tested where there is no GPU. The packed rows'
   kernel is `train.step.varlen_kernel`: `flash` (varlen_attn) or `fa4` (FlashAttention-4's varlen kernels,
   flash4.py; auto on Hopper where installed).
-- `auto`: varlen, on a GPU and on a CPU (there per-document SDPA skips the masked-out work: faster).
+- `auto`: varlen, on a GPU and on a CPU (there per-document SDPA skips the masked-out work: faster); sdpa on
+  a GPU when the weights are float32 (the flash kernels take bf16/fp16 only; float32 trains without autocast).
 
 Rows that hold one whole document each (`train.step.row_kernel`): fixed-length data (`bench train` mode fixed)
 has one document per row, so no row needs varlen bookkeeping: the micro-batch stays `(batch, seq)` and
@@ -43,11 +44,19 @@ VARLEN = "gpuval_varlen"  # the attention implementation name registered with tr
 # -- attention ------------------------------------------------------------------------------------------
 
 
-def _attention(setting: str, on_gpu: bool) -> str:
+def _attention(setting: str, on_gpu: bool, dtype: str = "bfloat16") -> str:
     """`sdpa` or `varlen` for `train.step.attention` (auto: varlen); varlen needs varlen_attn on a GPU. On a
     CPU varlen runs causal SDPA per document, which skips what a dense (seq, seq) document mask computes and
-    throws away; measured faster on the dev CPU too (benchmarks/results/2026-11-24-cpu-finetune/)."""
-    choice = "varlen" if setting == "auto" else setting
+    throws away; measured faster on the dev CPU too (benchmarks/results/2026-11-24-cpu-finetune/).
+    On a GPU the varlen kernels (flash, FA4) take bfloat16/float16 only, and float32 weights train without
+    autocast (trainer.py): there auto is sdpa, and varlen set by hand a usage error."""
+    half = dtype in ("bfloat16", "float16")
+    choice = ("varlen" if half or not on_gpu else "sdpa") if setting == "auto" else setting
+    if choice == "varlen" and on_gpu and not half:
+        raise UsageError(
+            f"train.step.attention=varlen runs flash kernels, which take bfloat16 or float16 only, and the "
+            f"weights are {dtype}: set dtype: bfloat16, or train.step.attention=sdpa (or auto)"
+        )
     if choice == "varlen" and on_gpu and _varlen_attn() is None:
         raise UsageError(
             f"train.step.attention=varlen needs torch.nn.attention.varlen (PyTorch >= 2.10; this is "
@@ -295,7 +304,8 @@ def _native_gqa(device: torch.device) -> bool:
 class AttentionPart(Part):
     """Attention kernels: varlen routing (`train.step.attention`, `row_kernel`, `varlen_kernel`).
 
-    Applies when attention resolves to varlen (auto: always, GPU and CPU); off with `attention: sdpa`
+    Applies when attention resolves to varlen (auto: on a CPU, and on a GPU with bf16/fp16 weights); off with
+    `attention: sdpa`
     (transformers' SDPA with a dense document mask). An explicit kernel that cannot run here (fa4 without
     flash-attn-4, cudnn without cuDNN, varlen without torch's varlen_attn) is a UsageError.
     Changes: registers the `gpuval_varlen` attention implementation and switches the bare model to it; the
@@ -314,7 +324,7 @@ class AttentionPart(Part):
 
     def decide(self, ctx: StepContext) -> Decision:
         step = ctx.step
-        choice = _attention(step.attention, ctx.on_gpu)
+        choice = _attention(step.attention, ctx.on_gpu, ctx.dtype)
         kernels = {
             "row_kernel": _row_kernel(step.row_kernel, ctx.on_gpu),
             "varlen_kernel": _varlen_kernel(step.varlen_kernel, ctx.on_gpu),
