@@ -148,8 +148,9 @@ def test_derive_pools_per_gpu_metrics_and_splits_collectives_by_gpu_count(
     # bf16: 18 values, nine 698 and nine 702: sd = sqrt(18 x 2^2 / 17); 698 - 3 sd = 691.83 -> 691
     assert 698 - 3 * math.sqrt(72 / 17) == pytest.approx(691.826, abs=1e-3)
     assert checks["matmul.bf16_tflops"].min == 691
+    # the runs' inventories name no node: each run counts as one; spread sd 2.058 / median 700 = 0.29 %
     assert checks["matmul.bf16_tflops"].source.startswith(
-        "derived from 6 runs, 18 values: min 698 - 3 x sd 2.06; "
+        "derived from 6 runs on 6 nodes, 18 values (spread 0.29 %, none left out): min 698 - 3 x sd 2.06; "
     )
     # all_reduce at 1 GiB: 2 GPUs 320, 322, 324 (sd 2): 314; 4 GPUs 350 three times (sd 0): 350; no flat bound
     bound = checks["all_reduce.busbw_gbps"]

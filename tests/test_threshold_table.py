@@ -77,7 +77,8 @@ def test_a_derived_bound_shows_its_rule_and_links_every_run_its_source_names(tmp
     text = render(manifest, tmp_path / "docs", profiles=[profile])
     row = next(line for line in text.splitlines() if line.startswith("| `matmul.bf16_tflops`"))
     assert f"≥ {derived.min:g} TFLOP/s" in row
-    assert "derived from 3 runs (4 values): min 700 −" in row
+    # no inventory names a node: each run counts as one; 700, 704, 702, 706: sd 2.58 / median 703 = 0.37 %
+    assert "derived from 3 runs on 3 nodes (4 values, spread 0.37 %, none left out): min 700 −" in row
     assert "`2026-12-01-h200x2-accept/` a.json, b.json; `2026-12-02-h200x1-windows/` matmul.json" in row
     hand_set = next(
         line for line in text.splitlines() if line.startswith("| `all_reduce.busbw_gbps` @ 1 GiB")

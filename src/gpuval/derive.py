@@ -3,52 +3,52 @@
 The rule (docs/thresholds.md), per check and per group of values. A per-GPU metric (matmul, membw, train)
 pools every GPU of every run into one group, whatever the runs' GPU counts; a measurement whose figure
 depends on how many GPUs take part (metrics.MeasurementDecl.by_gpu_count: collectives, P2P) makes one
-group per GPU count, written to the check's `by_gpus`. With sd the sample standard deviation (n - 1) of
-the group's values:
+group per GPU count, written to the check's `by_gpus`.
 
-    higher is better:  floor   = min(values) - max(k * sd, margin * min(values)), rounded down to 3
-                       significant digits
-    lower is better:   ceiling = max(values) + max(k * sd, margin * max(values)), rounded up
+1. Outliers are left out, each named: values far on the bad side of the group's median (modified z-score
+   past 3.5 and at least 20 % from it: gpuval.robust); fewer than 4 values are not judged. A run none of
+   whose values in a group is kept does not count towards that group's runs.
+2. With sd the sample standard deviation (n - 1) of the values kept:
+       higher is better:  floor   = min - max(k * sd, margin * min), rounded down to 3 significant digits
+       lower is better:   ceiling = max + max(k * sd, margin * max), rounded up
+   so a floor is never above the worst clean value, nor a ceiling below it. The relative margin (3 % unless
+   set) keeps a bound off values that agree more closely than machines do: three runs in one call spread
+   0.1 % (4-GPU alltoall), one collective on two lent machines differed by up to 2.5 % (2-GPU all_gather).
+3. A bound that would let a GPU at half speed pass is refused: a floor at or below half the median (any
+   floor <= 0), a ceiling at or above twice it (a gap in %, outliers.*: at or above 50 %). The base's bound
+   stays, and the output says so; in strict mode (the manifest) only a hand-set one.
 
-so a floor is never above the worst clean value, nor a ceiling below it. The relative margin (3 % unless
-set) keeps a bound from sitting on the values when the runs agree more closely than machines do: three
-runs in one call spread 0.1 % (4-GPU alltoall), while one collective on two lent machines differed by up
-to 2.5 % (2-GPU all_gather). A group needs values from `min_runs` runs (files); with fewer, a bound whose
-source starts 'hand-set' stays, anything else is a usage error naming the check. Every bound derived
-names the runs it came from in its `source`.
-
-Runs are result.json files (gpuval.result/v1) and `gpuval bench --output` documents (gpuval.bench/v1).
-A run whose verdict is ERROR, whose health FAILed (any FAIL of a check that is not a threshold on a
-declared metric: a health family, a wrong collective result) or whose benchmark did not run is refused:
-it is no evidence of a healthy node. A FAIL against a profile's floor is not a reason: the values count.
+A group needs values from `min_runs` runs (files); with fewer, a bound whose source starts 'hand-set'
+stays, anything else is a usage error naming the check. Every bound derived names in its `source` the runs
+and nodes it came from, their spread and how many values were left out. Runs are read and vetted by
+gpuval.derive_runs: a FAIL against a profile's floor is no reason to refuse one (rule 1 handles it).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 import re
 import statistics
 import textwrap
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from gpuval import metrics
+from gpuval import metrics, robust
 from gpuval.checkref import CheckRef
-from gpuval.checks import gpu_count
 from gpuval.config import HAND_SET, CountBound, Profile, Threshold, resolve_profile_path, validate_model
+from gpuval.derive_runs import Run, Value, load_run, values_by_group
 from gpuval.errors import UsageError
-from gpuval.results import BENCH_SCHEMA_ID, SCHEMA_ID, BenchDocument, Measurement, Result, Status
-from gpuval.scope import is_pair
 
 DEFAULT_K = 3.0
 DEFAULT_MIN_RUNS = 3
 DEFAULT_MARGIN = 0.03  # the least distance between a bound and the worst clean value, as a fraction of it
+HALF_SPEED_GAP_PCT = 50.0  # what a gap to the peers' median (outliers.*_pct) reads for a GPU at half speed
 _WIDTH = 110  # the longest line a profile gets
 _DERIVED = "derived"
 
@@ -58,76 +58,9 @@ class Rule:
     k: float = DEFAULT_K  # how many standard deviations below the worst clean value a floor sits
     min_runs: int = DEFAULT_MIN_RUNS  # runs (files) a group needs before a bound is derived from it
     margin: float = DEFAULT_MARGIN  # the least gap between bound and worst value, relative to the value
-
-
-@dataclass(frozen=True)
-class Run:
-    """One clean run: where it came from, its GPUs per node and its measurements."""
-
-    label: str  # how a bound's source names it
-    gpus_per_node: int
-    gpu_names: tuple[str, ...]
-    measurements: tuple[Measurement, ...]
-    skip: frozenset[str] = field(default_factory=frozenset)  # checks (globs) not taken from it (manifest)
-
-
-def load_run(path: Path, label: str | None = None, skip: frozenset[str] = frozenset()) -> Run:
-    """A run read and vetted; anything that is no evidence of a healthy node is a one-line UsageError."""
-    from gpuval.inputs import load_json
-
-    shown = label or str(path)
-    data = load_json(path, "result file")
-    schema = data.get("schema") if isinstance(data, dict) else None
-    try:
-        if schema == SCHEMA_ID:
-            result = Result.model_validate(data)
-            if result.verdict is Status.ERROR:
-                raise UsageError(f"{shown}: its verdict is ERROR: a run that did not complete is no evidence")
-            failed = [
-                c for c in result.checks if c.status is Status.FAIL and metrics.of_check(c.name) is None
-            ]
-            if failed:
-                raise UsageError(
-                    f"{shown}: {failed[0].name} FAILed on {failed[0].scope}: not a healthy node's run; "
-                    "leave it out"
-                )
-            world, nodes, measurements = result.world, result.inventory.get("nodes", []), result.measurements
-        elif schema == BENCH_SCHEMA_ID:
-            document = BenchDocument.model_validate(data)
-            if document.status != "OK":
-                raise UsageError(f"{shown}: its benchmark did not run ({document.status}: {document.detail})")
-            world, nodes, measurements = document.world, document.inventory.nodes, document.measurements
-        else:
-            raise UsageError(
-                f"{shown}: not a gpuval result.json or bench document (schema: {schema!r}); pass what "
-                "gpuval accept or gpuval bench --output wrote"
-            )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
-        raise UsageError(f"{shown}: not a valid gpuval document ({where}: {first.get('msg')})") from None
-    if not measurements:
-        raise UsageError(f"{shown}: it holds no measurement to derive from")
-    names = tuple(str(gpu.get("name")) for node in nodes for gpu in node.get("gpus") or [] if gpu.get("name"))
-    return Run(shown, max(1, world.size // max(1, world.nodes)), names, tuple(measurements), skip)
-
-
-def _values(name: str, threshold: Threshold, runs: list[Run]) -> dict[int | None, list[tuple[float, Run]]]:
-    """The check's clean values by group: GPU count where the measurement is bounded per count, else None."""
-    ref = CheckRef.parse(name, threshold.bytes)
-    per_count = metrics.by_gpu_count(ref.measurement)
-    groups: dict[int | None, list[tuple[float, Run]]] = {}
-    for run in runs:
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in run.skip):
-            continue
-        for m in run.measurements:
-            if not ref.selects(m) or is_pair(m.scope):  # a pair of nodes is not the whole measured
-                continue
-            value = m.metrics.get(ref.metric)
-            if value is None or not math.isfinite(value):
-                continue
-            groups.setdefault(gpu_count(m, run.gpus_per_node) if per_count else None, []).append((value, run))
-    return groups
+    z_limit: float = robust.Z_LIMIT  # modified z-score past which a value on the bad side is an outlier
+    least_gap: float = robust.LEAST_GAP  # and its least distance from the median, relative to the median
+    least_values: int = robust.LEAST_VALUES  # a group of fewer values is not judged for outliers
 
 
 def round_loose(value: float, down: bool) -> float:
@@ -153,19 +86,81 @@ def derive_bound(
     return max(worst, round_loose(worst + gap, down=False)), worst, sd
 
 
-def _labels(found: list[tuple[float, Run]]) -> list[str]:
-    return list(dict.fromkeys(run.label for _, run in found))
+def half_speed_limit(median: float, direction: int, gap_pct: bool = False) -> float | None:
+    """The loosest bound that still fails a GPU at half speed (a check fails below a floor, above a
+    ceiling): half the median for a floor, twice it for a ceiling, 50 for a gap in % to the peers' median
+    (outliers.*_pct); None where there is none. A bound at the limit or looser is refused."""
+    if direction > 0:
+        return median / 2
+    if gap_pct:
+        return HALF_SPEED_GAP_PCT
+    return 2 * median if median > 0 else None
 
 
-def _source(found: list[tuple[float, Run]], direction: int, rule: Rule, worst: float, sd: float) -> str:
-    labels = _labels(found)
+@dataclass(frozen=True)
+class Group:
+    """One group's values, judged for outliers: the values kept and how many were left out."""
+
+    kept: list[Value]
+    left_out: int
+    judged: bool  # False: too few values to judge any
+
+    @property
+    def labels(self) -> list[str]:
+        return list(dict.fromkeys(value.run.label for value in self.kept))
+
+
+def _judge(
+    name: str, where: str, found: list[Value], direction: int, rule: Rule, unit: str, notes: list[str]
+) -> Group:
+    """The group with its outliers left out, each named in `notes` (and a group too small to judge)."""
+    values = [v.value for v in found]
+    judged = robust.judge(values, direction, rule.z_limit, rule.least_gap, rule.least_values)
+    if found and not judged.judged:
+        notes.append(
+            f"{name}{where}: {len(found)} value(s), fewer than {rule.least_values}: no outlier judged"
+        )
+    for outlier in judged.outliers:
+        value = found[outlier.index]
+        notes.append(
+            f"left out: {name}{where}: {value.run.label} {value.scope} {value.value:.4g}{unit}, median "
+            f"{judged.median:.4g}{unit}: {outlier.why(rule.z_limit)}"
+        )
+    out = {outlier.index for outlier in judged.outliers}
+    return Group([v for index, v in enumerate(found) if index not in out], len(out), judged.judged)
+
+
+def _where(count: int | None) -> str:
+    return f" on {count} GPUs" if count is not None else ""
+
+
+def _edge(direction: int, rule: Rule, worst: float, sd: float) -> str:
     gap = (
         f"{rule.k:g} x sd {sd:.3g}"
         if rule.k * sd >= rule.margin * abs(worst)
         else f"{rule.margin:.0%} of it (> {rule.k:g} x sd {sd:.3g})"
     )
-    edge = f"min {worst:.5g} - {gap}" if direction > 0 else f"max {worst:.5g} + {gap}"
-    return f"{_DERIVED} from {len(labels)} runs, {len(found)} values: {edge}; {', '.join(labels)}"
+    return f"min {worst:.5g} - {gap}" if direction > 0 else f"max {worst:.5g} + {gap}"
+
+
+def _spread(values: list[float], sd: float) -> str:
+    """sd / median in %, as a source and a refusal say it."""
+    median = statistics.median(values)
+    return f"{100 * sd / abs(median):.2g} %" if median else "n/a (median 0)"
+
+
+def _source(group: Group, direction: int, rule: Rule, worst: float, sd: float) -> str:
+    labels = group.labels
+    nodes = len({node for v in group.kept for node in v.run.nodes or (f"run {v.run.label}",)})
+    if group.left_out:
+        left = f"{group.left_out} left out"
+    else:
+        left = "none left out" if group.judged else "too few to judge outliers"
+    spread = _spread([v.value for v in group.kept], sd)
+    return (
+        f"{_DERIVED} from {len(labels)} runs on {nodes} node{'' if nodes == 1 else 's'}, {len(group.kept)} "
+        f"values (spread {spread}, {left}): {_edge(direction, rule, worst, sd)}; {', '.join(labels)}"
+    )
 
 
 def _hand_set(source: str | None) -> bool:
@@ -178,67 +173,132 @@ def _keepable(source: str | None, strict: bool) -> bool:
     return _hand_set(source) or (not strict and bool(source))
 
 
-def _bound(found: list[tuple[float, Run]], direction: int, rule: Rule) -> CountBound:
-    value, worst, sd = derive_bound([v for v, _ in found], direction, rule.k, rule.margin)
+def _bound(
+    name: str, where: str, group: Group, direction: int, rule: Rule, gap_pct: bool
+) -> tuple[CountBound | None, str]:
+    """(the group's bound, '') or, where the bound would let a GPU at half speed pass, (None, why)."""
+    values = [v.value for v in group.kept]
+    value, worst, sd = derive_bound(values, direction, rule.k, rule.margin)
+    limit = half_speed_limit(statistics.median(values), direction, gap_pct)
+    loose = limit is not None and (value <= limit if direction > 0 else value >= limit)
+    if loose or (direction > 0 and value <= 0):
+        gap = max(rule.k * sd, rule.margin * abs(worst))
+        side, raw = ("floor", worst - gap) if direction > 0 else ("ceiling", worst + gap)
+        if direction > 0:
+            edge = f"at or below half the median ({limit:.4g})"
+        else:
+            edge = f"at or above {limit:g} %" if gap_pct else f"at or above twice the median ({limit:.4g})"
+        return None, (
+            f"{name}{where}: spread {_spread(values, sd)} (sd/median), the rule gives a {side} of {raw:.3g} "
+            f"({_edge(direction, rule, worst, sd)}), {edge}: a GPU at half speed would pass"
+        )
     number = int(value) if value == int(value) else value
     side = {"min": number} if direction > 0 else {"max": number}
-    return CountBound(**side, source=_source(found, direction, rule, worst, sd))
+    return CountBound(**side, source=_source(group, direction, rule, worst, sd)), ""
 
 
-def _too_few(name: str, where: str, found: list[tuple[float, Run]], rule: Rule) -> UsageError:
-    labels = _labels(found)
-    listed = f" ({', '.join(labels)})" if labels else ""
+def _shown(bound: CountBound | Threshold) -> str:
+    sides = {"min": bound.min, "max": bound.max}
+    return " and ".join(f"{side} {value:g}" for side, value in sides.items() if value is not None)
+
+
+def _refused(why: str, strict: bool) -> UsageError:
+    if not strict:  # a check the base bounds neither way
+        return UsageError(f"{why}; the base has no bound of it to keep: set one in the base profile")
     return UsageError(
-        f"{name}{where}: {len(labels)} clean run(s) measured it{listed}, the rule needs {rule.min_runs}: add "
-        f"runs, or keep a bound set by hand with source: '{HAND_SET}: why'"
+        f"{why}; in the manifest every bound follows from its runs: leave the runs that spread it out, or "
+        f"keep a bound set by hand with source: '{HAND_SET}: why'"
+    )
+
+
+def _too_few(name: str, where: str, group: Group | None, rule: Rule) -> UsageError:
+    labels = group.labels if group else []
+    listed = f" ({', '.join(labels)})" if labels else ""
+    left = f" once {group.left_out} outlier value(s) were left out" if group and group.left_out else ""
+    return UsageError(
+        f"{name}{where}: {len(labels)} clean run(s) measured it{listed}{left}, the rule needs "
+        f"{rule.min_runs}: add runs, or keep a bound set by hand with source: '{HAND_SET}: why'"
     )
 
 
 def derive_check(
-    name: str, threshold: Threshold, runs: list[Run], rule: Rule, strict: bool = False
+    name: str,
+    threshold: Threshold,
+    runs: list[Run],
+    rule: Rule,
+    strict: bool = False,
+    notes: list[str] | None = None,
 ) -> Threshold:
     """The check's threshold derived from `runs`, over the base's `threshold` (its size, level, and the
-    bounds it keeps where runs are too few)."""
+    bounds it keeps where runs are too few or too spread). What was left out or refused goes to `notes`,
+    one line each."""
+    notes = [] if notes is None else notes
     ref = CheckRef.parse(name, threshold.bytes)
     direction = metrics.direction(ref.measurement, ref.metric)
-    groups = _values(name, threshold, runs)
     kept = {"bytes": threshold.bytes, "level": threshold.level}
     if direction == 0:
         if _hand_set(threshold.source):
             return threshold
         raise UsageError(f"{name}: neither higher nor lower is better: not derivable; set it by hand")
+    unit = metrics.unit(ref.measurement, ref.metric)
+    gap_pct = direction < 0 and unit == "%"  # a gap to the peers' median, 0 at best: outliers.*_pct
+    shown_unit = f" {unit}" if unit and unit != "%" else unit
+    groups = {
+        count: _judge(name, _where(count), found, direction, rule, shown_unit, notes)
+        for count, found in values_by_group(name, threshold, runs).items()
+    }
     if not metrics.by_gpu_count(ref.measurement):
-        found = groups.get(None, [])
-        if len(_labels(found)) >= rule.min_runs:
-            bound = _bound(found, direction, rule)
-            return Threshold(min=bound.min, max=bound.max, source=bound.source, **kept)
+        group = groups.get(None)
+        if group and len(group.labels) >= rule.min_runs:
+            bound, why = _bound(name, "", group, direction, rule, gap_pct)
+            if bound is not None:
+                return Threshold(min=bound.min, max=bound.max, source=bound.source, **kept)
+            if threshold.flat and (not strict or _hand_set(threshold.source)):
+                notes.append(f"refused: {why}; the base's bound stays ({_shown(threshold)})")
+                return threshold
+            raise _refused(why, strict)
         if threshold.flat and (
-            _hand_set(threshold.source) or (not found and _keepable(threshold.source, strict))
+            _hand_set(threshold.source) or (not group and _keepable(threshold.source, strict))
         ):
             return threshold
-        raise _too_few(name, "", found, rule)
-    base = {count: bound for count, bound in (threshold.by_gpus or {}).items()}
+        raise _too_few(name, "", group, rule)
+    base = dict(threshold.by_gpus or {})
+    flat = (
+        CountBound(min=threshold.min, max=threshold.max, source=threshold.source) if threshold.flat else None
+    )
     entries: dict[int, CountBound] = {}
     for count in sorted({c for c in groups if c is not None} | set(base)):
-        found = groups.get(count, [])
-        old = base.get(count)
-        if len(_labels(found)) >= rule.min_runs:
-            entries[count] = _bound(found, direction, rule)
-        elif old is not None and (_hand_set(old.source) or (not found and _keepable(old.source, strict))):
+        group, old, where = groups.get(count), base.get(count), _where(count)
+        if group and len(group.labels) >= rule.min_runs:
+            bound, why = _bound(name, where, group, direction, rule, gap_pct)
+            stays = old if old is not None else flat
+            if bound is not None:
+                entries[count] = bound
+            elif stays is not None and (not strict or _hand_set(stays.source)):
+                entries[count] = stays
+                notes.append(f"refused: {why}; the base's bound stays ({_shown(stays)})")
+            elif stays is None and not strict:
+                notes.append(f"refused: {why}; the base has no bound for {count} GPUs: none written")
+            else:
+                raise _refused(why, strict)
+        elif old is not None and (_hand_set(old.source) or (not group and _keepable(old.source, strict))):
             entries[count] = old
-        elif found or old is not None:
-            raise _too_few(name, f" on {count} GPUs", found, rule)
-    if entries:  # the flat bound gives way: one count's figure says nothing about another's
+        elif group or old is not None:
+            raise _too_few(name, where, group, rule)
+    if any(entry is not flat for entry in entries.values()):  # one count's figure says nothing of another's
         return Threshold(by_gpus=entries, **kept)
-    if threshold.flat and _keepable(threshold.source, strict):
+    if threshold.flat and (entries or _keepable(threshold.source, strict)):  # refused at every count
         return threshold
-    raise _too_few(name, " at any GPU count", [], rule)
+    raise _too_few(name, " at any GPU count", None, rule)
 
 
-def derive_checks(base: Profile, runs: list[Run], rule: Rule, strict: bool = False) -> dict[str, Threshold]:
+def derive_checks(
+    base: Profile, runs: list[Run], rule: Rule, strict: bool = False, notes: list[str] | None = None
+) -> dict[str, Threshold]:
     """Every check of the base profile, derived from the runs (in the base's order)."""
     return {
-        name: derive_check(name, threshold, runs, rule, strict) for name, threshold in base.checks.items()
+        name: derive_check(name, threshold, runs, rule, strict, notes)
+        for name, threshold in base.checks.items()
     }
 
 
@@ -316,27 +376,40 @@ def render(base_text: str, checks: dict[str, Threshold]) -> str:
 
 
 def derive_profile(
-    base_path: Path, runs: list[Run], rule: Rule, strict: bool = False
+    base_path: Path, runs: list[Run], rule: Rule, strict: bool = False, notes: list[str] | None = None
 ) -> tuple[str, Profile, Profile]:
-    """(the derived profile's text, the base, the derived profile as it loads)."""
+    """(the derived profile's text, the base, the derived profile as it loads); what was left out or
+    refused goes to `notes`, one line each."""
     from gpuval.config import read_yaml
 
     base = validate_model(Profile, read_yaml(base_path), f"profile '{base_path}'")
     if not runs:
         raise UsageError("no runs given: pass the result.json files of clean runs")
-    checks = derive_checks(base, runs, rule, strict)
+    checks = derive_checks(base, runs, rule, strict, notes)
     text = render(base_path.read_text(encoding="utf-8"), checks)
     derived = validate_model(Profile, yaml.safe_load(text), f"the profile derived from '{base_path}'")
     return text, base, derived
 
 
 def base_for(runs: list[Run], base: str | None) -> Path:
-    """The base profile's file: --base, else the built-in profile matching the runs' GPUs (as accept
-    picks it)."""
+    """The base profile's file: --base; else the profile the runs were judged by, where they name one (a
+    bench document names none); else the built-in profile matching the runs' GPUs (as accept picks it)."""
     from gpuval.config import pick_profile
 
     if base is not None:
         return resolve_profile_path(base)
+    named = Counter(run.profile for run in runs if run.profile)
+    if len(named) > 1:
+        listed = ", ".join(f"{name} ({count} runs)" for name, count in named.items())
+        raise UsageError(f"the runs were judged by different profiles: {listed}; pass --base PROFILE")
+    if named:
+        (name,) = named
+        try:
+            return resolve_profile_path(name)
+        except UsageError:
+            raise UsageError(
+                f"the runs were judged by profile '{name}', which is no built-in profile: pass --base FILE"
+            ) from None
     names = sorted({name for run in runs for name in run.gpu_names})
     if not names:
         raise UsageError("the runs name no GPU: pass --base PROFILE")
@@ -383,8 +456,11 @@ class Derived:
     profile: Profile
 
 
-def from_manifest(manifest_path: Path, only: list[str] | None = None) -> list[Derived]:
-    """Every profile the manifest lists (or those in `only`), derived in strict mode; nothing written."""
+def from_manifest(
+    manifest_path: Path, only: list[str] | None = None, notes: list[str] | None = None
+) -> list[Derived]:
+    """Every profile the manifest lists (or those in `only`), derived in strict mode; nothing written.
+    What was left out goes to `notes`, each line after its profile's name."""
     from gpuval.config import read_yaml
 
     manifest = validate_model(Manifest, read_yaml(manifest_path, "manifest"), f"manifest '{manifest_path}'")
@@ -405,7 +481,12 @@ def from_manifest(manifest_path: Path, only: list[str] | None = None) -> list[De
             skip = frozenset([*run.skip, *entry.keep])
             runs.append(load_run(root / manifest.results / run.path, label=run.path, skip=skip))
         path = root / entry.profile
-        text, base, profile = derive_profile(path, runs, rule, strict=True)
+        found: list[str] = []
+        try:
+            text, base, profile = derive_profile(path, runs, rule, strict=True, notes=found)
+        finally:
+            if notes is not None:
+                notes += [f"{name}: {line}" for line in found]
         derived.append(Derived(name, path, text, base, profile))
     return derived
 

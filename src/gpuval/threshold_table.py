@@ -30,18 +30,23 @@ from gpuval.errors import UsageError
 from gpuval.units import format_bytes
 
 COMMAND = "gpuval profiles table --output docs/thresholds.md"
-# what derive.py writes into a derived bound's source: "derived from N runs, M values: EDGE; RUN, RUN, ..."
-_DERIVED_SOURCE = re.compile(r"^derived from (\d+) runs, (\d+) values: (.+?); (.+)$")
+# what derive.py writes into a derived bound's source: "derived from N runs on K nodes, M values (spread S %,
+# L left out): EDGE; RUN, RUN, ..." (sources written before outliers were judged lack the nodes and the
+# parenthesis)
+_DERIVED_SOURCE = re.compile(
+    r"^derived from (\d+) runs(?: on (\d+) nodes?)?, (\d+) values(?: \(([^)]*)\))?: (.+?); (.+)$"
+)
 
 _RULE_TABLE = "\n".join(
     [
         "| metric direction | bound |",
         "| --- | --- |",
         "| higher is better (TFLOP/s, GB/s, tokens/s) | "
-        "floor = min(values) − max(k × sd, margin × min(values)), rounded down to 3 significant digits, "
-        "never below 0 |",
+        "floor = min(values) − max(k × sd, margin × min(values)), rounded down to 3 significant digits; "
+        "refused at or below half the median (so at or below 0) |",
         "| lower is better (`outliers.*_pct`) | ceiling = max(values) + max(k × sd, margin × max(values)), "
-        "rounded up to 3 significant digits |",
+        "rounded up to 3 significant digits; refused at or above 50 % (any other metric: at or above "
+        "twice the median) |",
     ]
 )
 
@@ -73,9 +78,39 @@ For every check of the base profile, the clean values of its metric are gathered
   so 2×H200 reads all_reduce 325–331 GB/s where 4×H200 reads 353–354: one count's floor says nothing about
   another's.
 
-Then, with **sd the sample standard deviation** (n − 1 in the denominator,
+**First, outliers are left out, each named.** Runs handed in as clean are not always so: a node at half
+speed, or a run that FAILed its floors, among healthy ones drags min(values) down and sd up — three clean
+CPU runs and one at 1 % of their speed took the fp32 floor from 0.062 TFLOP/s to 0, a floor that fails
+nothing. So each group is first judged by its **median** and its **MAD** (median absolute deviation: the
+median of |x − median|), which a few wild values hardly move, where a mean and an sd follow them. A
+value's **modified z-score** is M = 0.6745 (x − median) / MAD: 0.6745 is the standard normal's 0.75
+quantile, so for normally spread values MAD / 0.6745 estimates their standard deviation and M reads like
+an ordinary z-score. Iglewicz and Hoaglin propose |M| > 3.5 as the mark of a likely outlier (B. Iglewicz,
+D. C. Hoaglin, *How to Detect and Handle Outliers*, ASQC 1993;
+[NIST/SEMATECH e-Handbook §1.3.5.17](https://www.itl.nist.gov/div898/handbook/eda/section3/eda35h.htm)).
+A value is left out when all of these hold (`gpuval.robust`):
+
+- it lies on the bad side of the median — below it where higher is better, above it where lower is: a
+  fast GPU is no fault;
+- its M is beyond 3.5, Iglewicz and Hoaglin's mark;
+- it lies at least **20 %** of the median away from it. Values that agree to a fraction of a percent have
+  a tiny MAD, and their noise alone scores far past 3.5 (4-GPU sendrecv 364.6–365.0 GB/s: M = 4.3 at
+  0.07 % off); healthy lent H200s read host-to-device copies up to 11.5 % below their group's median
+  (M = 17) and must stay in; a GPU at half speed is 50 % off;
+- the group holds at least **4** values: with three, one disagreeing value would be judged against two.
+
+Where the MAD is 0 (more than half the values are equal) the 20 % alone decides. Fewer than half the
+values can ever be left out: more than half of them lie within two MADs of the median, while a value left
+out lies more than 3.5 / 0.6745 = 5.2 MADs from it; the median is the anchor, and a group half of whose
+values are bad has none, so nothing is left out of it (and its floor is then refused, below). Each value
+left out is one line of the command's output, with its run, scope, value, the median and why:
+`left out: matmul.bf16_tflops: runs/node-7/result.json gpu:node-7/1 349 TFLOP/s, median 698 TFLOP/s: 50%
+from the median, modified z 58.9 > 3.5`; a group too small to judge says so:
+`all_reduce.busbw_gbps on 4 GPUs: 3 value(s), fewer than 4: no outlier judged`. A run none of whose values
+in a group was kept does not count towards that group's minimum of runs. Then, with **sd the sample
+standard deviation** (n − 1 in the denominator,
 [NIST/SEMATECH e-Handbook §1.3.5.6](https://www.itl.nist.gov/div898/handbook/eda/section3/eda356.htm)) of
-all the group's values:
+the values kept:
 
 {_RULE_TABLE}
 
@@ -94,6 +129,27 @@ read alltoall 351.7–351.9 GB/s (sd 0.1, so k × sd put the floor at 351), whil
 lent machines differed by up to 2.5 % (2-GPU all_gather: 284.5 GB/s on 2026-11-21's machine,
 287.8–291.7 on 2026-11-27's; `benchmarks/results/2026-11-21-h200x2-accept/`,
 `…/2026-11-27-h200x2-multi-gpu-truth/`).
+
+**A bound that would pass a GPU at half speed is refused.** A floor must still catch a real fault: a floor
+at or below half the group's median (a ceiling at or above twice it) would let a GPU at half speed pass.
+The outliers gaps (`outliers.*_pct`, 0 at best) read 50 % for a GPU at half its peers' speed, so their
+limit is a ceiling of 50 %. Any floor at or below 0 is refused the same way. A refused check is one line,
+naming its spread (sd / median), the bound the rule would give and the limit, and the base profile's
+bound for it (or for that GPU count) stays: `refused: membw.copy_tbps: spread 27 % (sd/median), the rule
+gives a floor of -0.00313 (min 0.0104 - 3 x sd 0.00451), at or below half the median (0.00825): a GPU at
+half speed would pass; the base's bound stays (min 0.0005)` — CPU memcpy on a busy 2-core machine,
+0.0104–0.0218 TB/s, which before this rule wrote `min: 0`. With `--manifest` only a hand-set bound stays;
+a derived one is a usage error (there every derived bound must follow from its runs): leave the runs that
+spread it out of the manifest, or keep the check hand-set. No shipped bound is refused, and no committed
+value is left out: the rule changes no shipped floor (`tests/test_derive_robust.py`).
+
+**What a derived bound's source records**: the runs (files) and nodes it came from, its values, their
+spread (sd / median of the values kept) and how many were left out, then the edge and the runs' names —
+`derived from 5 runs on 4 nodes, 5 values (spread 1.4 %, none left out): min 713.57 - 3 x sd 10.4; …`.
+A node is its host name with its GPUs' UUIDs (lent machines all call themselves `vm`; a node whose GPUs
+were replaced counts as another); a run whose inventory names no node counts as one. "too few to judge
+outliers" stands for "none left out" in a group of fewer than 4 values. The source stays in the profile:
+a check's result in `result.json` carries the bound it was judged by, not its source.
 
 A group with fewer runs keeps a bound of the base whose `source` starts `hand-set`; otherwise
 `gpuval profiles derive` stops with one line, exit 2, and writes nothing:
@@ -125,6 +181,15 @@ are declared `noisy` (`gpuval.metrics`); when such a check would FAIL, accept ru
 every rank (each on its own GPU, as before) and judges the better of the two values; the measurement keeps
 both (`params.remeasured`) and the check's detail says "measured twice, the better judged (48.66 then
 53.9 GB/s)". Device copies and matmul are never re-measured.
+
+## Which runs, which base
+`gpuval profiles derive RUNS` takes result.json files, `gpuval bench --output` documents, and folders:
+a folder is searched for `result.json` at any depth, which is what a Slurm array or a Kubernetes Indexed
+Job leaves (one folder per node), so `gpuval profiles derive runs/ --output my.yaml` reads them all. A
+folder holding none is one line, exit 2. Without `--base`, the base is the profile the runs were judged
+by (result.json's `profile`; a bench document names none) — CPU runs need no `--base cpu` — and runs
+judged by different profiles are one line, exit 2, listing them; runs that name none take the built-in
+profile matching their GPUs, as `gpuval accept` picks it.
 
 ## Re-deriving
 ```bash
@@ -177,9 +242,11 @@ def _runs(labels: str) -> str:
 def _how(source: str | None, comment: str) -> tuple[str, str]:
     """(how the bound was made, where it came from) for a bound's source."""
     if source and (derived := _DERIVED_SOURCE.match(source)):
-        runs, values, edge, labels = derived.groups()
+        runs, nodes, values, evidence, edge, labels = derived.groups()
         edge = edge.replace(" - ", " − ").replace(" x ", " × ")
-        return f"derived from {runs} runs ({values} values): {edge}", _runs(labels)
+        on = f" on {nodes} node{'' if nodes == '1' else 's'}" if nodes else ""
+        evidence = f", {evidence}" if evidence else ""
+        return f"derived from {runs} runs{on} ({values} values{evidence}): {edge}", _runs(labels)
     if source and source.startswith(HAND_SET):
         return "hand-set", source[len(HAND_SET) :].lstrip(": ")
     if source:  # a source in no form derive.py writes: shown as it is

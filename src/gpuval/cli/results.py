@@ -55,7 +55,8 @@ def profiles_derive(
         list[Path] | None,
         typer.Argument(
             metavar="RUNS",
-            help="result.json files (or gpuval bench --output documents) of clean runs of healthy nodes",
+            help="result.json files (or gpuval bench --output documents) of clean runs of healthy nodes, or "
+            "folders searched for result.json (one per node, as a Slurm array or an Indexed Job leaves them)",
         ),
     ] = None,
     output: Annotated[Path | None, output_file("the derived profile YAML")] = None,
@@ -63,8 +64,8 @@ def profiles_derive(
         str | None,
         typer.Option(
             metavar="NAME|FILE",
-            help="profile whose checks are derived, and whose other fields are kept (default: the one "
-            "matching the runs' GPUs)",
+            help="profile whose checks are derived, and whose other fields are kept (default: the profile "
+            "the runs were judged by, else the one matching their GPUs)",
         ),
     ] = None,
     k: Annotated[
@@ -107,15 +108,22 @@ def profiles_derive(
         ),
     ] = False,
 ) -> int:
-    """Derive a profile's bounds from clean runs: floor = worst value - k x sd per check, per GPU count for
-    collectives and P2P; each bound names the runs it came from (docs/thresholds.md)."""
+    """Derive a profile's bounds from clean runs: outliers left out and named, floor = worst value - k x sd
+    per check, per GPU count for collectives and P2P, a floor that would pass a GPU at half speed refused;
+    each bound names the runs, nodes and spread it came from (docs/thresholds.md)."""
     from gpuval.atomic import write_text_atomic
     from gpuval.derive import Rule, base_for, derive_profile, drifted, from_manifest, load_run
+    from gpuval.result_files import find_result_files
 
+    notes: list[str] = []
     if manifest is not None:
         if runs or output is not None:
             raise UsageError("--manifest names the runs and the outputs itself: drop RUNS and --output")
-        derived = from_manifest(manifest)
+        try:
+            derived = from_manifest(manifest, notes=notes)
+        finally:  # what was left out or refused, also when a later check stops the derivation
+            for line in notes:
+                say(line, soft_wrap=True)
         if check:
             stale = [(one, names) for one in derived if (names := drifted(one))]
             for one, names in stale:
@@ -139,11 +147,19 @@ def profiles_derive(
         raise UsageError("pass --output FILE for the derived profile")
     if output.is_dir():
         raise UsageError(f"--output '{output}' is a directory; give a file name, e.g. {output}/profile.yaml")
-    loaded = [load_run(path, skip=frozenset(keep or [])) for path in runs]
+    loaded = [load_run(path, skip=frozenset(keep or [])) for path in find_result_files(runs)]
     rule = Rule(k=k, min_runs=min_runs, margin=margin)
-    text, _, profile = derive_profile(base_for(loaded, base), loaded, rule)
+    base_path = base_for(loaded, base)
+    try:
+        text, _, profile = derive_profile(base_path, loaded, rule, notes=notes)
+    finally:
+        for line in notes:
+            say(line, soft_wrap=True)
     _write(output, text)
-    say(f"wrote {output}: {len(profile.checks)} checks from {len(loaded)} runs", soft_wrap=True)
+    say(
+        f"wrote {output}: {len(profile.checks)} checks from {len(loaded)} runs, over the base {base_path}",
+        soft_wrap=True,
+    )
     return EXIT_PASS
 
 
