@@ -185,8 +185,8 @@ def test_help_lists_every_command_group(gpuval, tmp_path):
     rows = [line for line in proc.stdout.splitlines() if line.startswith("│ ") and line[2:3] != " "]
     listed = [line.strip("│ ").split()[0] for line in rows]  # a help text's wrapped lines start blank
     assert [name for name in listed if name not in ("--help", "--version")] == [
-        "accept", "bench", "discover", "health", "monitor", "report", "compare", "history", "schema",
-        "profiles", "finetune",
+        "accept", "bench", "discover", "health", "monitor", "report", "compare", "fleet", "history",
+        "schema", "profiles", "finetune",
     ], proc.stdout  # fmt: skip
     proc = gpuval(["profiles", "--help"], tmp_path, env=cli_env(COLUMNS="250"))
     assert "│ derive " in proc.stdout, proc.stdout
@@ -305,7 +305,7 @@ def test_output_means_a_folder_or_a_file_and_every_help_says_which():
                 assert param.help.startswith(said), (name, param.help)
                 kinds[name] = param.metavar
     assert kinds == {
-        "accept": "DIR", "health": "DIR", "finetune prepare": "DIR", "finetune run": "DIR",
+        "accept": "DIR", "health": "DIR", "fleet": "DIR", "finetune prepare": "DIR", "finetune run": "DIR",
         "bench": "FILE", "discover": "FILE", "report": "FILE", "finetune synth": "FILE",
         "profiles derive": "FILE", "profiles table": "FILE",
     }  # fmt: skip

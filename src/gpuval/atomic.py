@@ -53,8 +53,9 @@ def _umask() -> int:
     return mask
 
 
-def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
-    """Create `path` and prove a file can be written there, before any long work starts."""
+def ensure_writable_dir(path: str | os.PathLike[str], option: str = "--output") -> Path:
+    """Create `path` and prove a file can be written there, before any long work starts; `option` is the
+    one a refusal tells the user to change."""
     from gpuval.errors import UsageError
 
     directory = Path(path)
@@ -67,7 +68,7 @@ def ensure_writable_dir(path: str | os.PathLike[str]) -> Path:
     except OSError as exc:
         raise UsageError(
             f"output directory '{directory}' cannot be written ({exc.strerror or exc}); "
-            "pass --output with a writable directory"
+            f"pass {option} with a writable directory"
         ) from None
     return directory
 

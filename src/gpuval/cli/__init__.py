@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from gpuval.cli import accept, bench, discover, finetune, health, monitor, results
+from gpuval.cli import accept, bench, discover, finetune, fleet, health, monitor, results
 from gpuval.cli.options import Command, Group, err_console
 from gpuval.errors import GpuvalError, one_line
 
@@ -57,6 +57,7 @@ app.command(cls=Command)(health.health)
 app.command(cls=Command)(monitor.monitor)
 app.command(cls=Command)(results.report)
 app.command(cls=Command)(results.compare)
+app.command(cls=Command)(fleet.fleet)
 app.command("history", cls=Command)(results.history_command)
 app.command(cls=Command)(results.schema)
 app.add_typer(results.profiles_app, name="profiles")

@@ -17,6 +17,7 @@ from gpuval.cli.options import (
     NprocOption,
     ProfileOption,
     SetOption,
+    TextfileOption,
     console,
     default_result_dir,
     exits,
@@ -38,6 +39,7 @@ def accept(
     nproc: NprocOption = None,
     json_: JsonResultOption = False,
     history: HistoryOption = None,
+    textfile: TextfileOption = None,
     duration: Annotated[
         str | None,
         typer.Option(
@@ -62,6 +64,7 @@ def accept(
     from gpuval.health.run import families
     from gpuval.history import history_path_from, open_history
     from gpuval.soak import forget_earlier_run, soak_plan
+    from gpuval.textfile import published
 
     soak = soak_plan(iterations, duration)  # a bad --duration or --iterations: said before anything runs
     name = profile or pick_profile(local_gpu_names(), [gpu.pci_id for gpu in nvidia_gpus()])
@@ -77,6 +80,8 @@ def accept(
         if history_path is not None:
             open_history(history_path)
         ensure_writable_dir(output)
+        if textfile is not None:
+            ensure_writable_dir(textfile, "--textfile")
         if soak is not None:  # a result.json found after an interrupt (below) is then this soak's
             forget_earlier_run(output)
 
@@ -170,36 +175,40 @@ def accept(
                 say(f"history: {runs} of {of} in {where} (gpuval history)", style="dim", soft_wrap=True)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
-    try:
-        return launch.run_distributed(
-            nproc,
-            work,
-            extra_argv,
-            gpus_expected=bool(loaded.expect.gpu_count),
-            timeout_s=loaded.runtime.timeout_s,
-            starting=starting,
-        )
-    except GpuvalError:
-        raise
-    except Exception as exc:  # unforeseen in the launcher itself (a torch it does not know, say)
-        from gpuval.accept import write_error_reports
-
-        if not is_first_rank():
+    # The process the user started (or rank 0 under torchrun/srun) writes the textfile once the run ended,
+    # however it ended: from the result.json the run left, or ERROR where it left none.
+    writer = textfile if is_first_rank() and launch.EXIT_DIR_VARIABLE not in os.environ else None
+    with published(writer, "accept", output, loaded.name, started_at):
+        try:
+            return launch.run_distributed(
+                nproc,
+                work,
+                extra_argv,
+                gpus_expected=bool(loaded.expect.gpu_count),
+                timeout_s=loaded.runtime.timeout_s,
+                starting=starting,
+            )
+        except GpuvalError:
             raise
-        world = {"size": nproc or 1, "nodes": 1, "backend": "nccl" if launch.on_gpu() else "gloo"}
-        raise write_error_reports(exc, output, loaded, started_at, world) from None
-    except Interrupted as stop:
-        # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
-        # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).
-        from gpuval.soak import read_summary
+        except Exception as exc:  # unforeseen in the launcher itself (a torch it does not know, say)
+            from gpuval.accept import write_error_reports
 
-        summary = read_summary(output) if soak is not None else None
-        if summary is None:
-            raise
-        done = summary.inventory["soak"].get("completed")
-        say(
-            f"gpuval: {Interrupted(stop.signum)}: the soak stopped after {done} iteration(s); its summary "
-            f"({summary.verdict.value}) is in {output / 'result.json'}",
-            err=True,
-        )
-        return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(summary.verdict.value, EXIT_ERROR)
+            if not is_first_rank():
+                raise
+            world = {"size": nproc or 1, "nodes": 1, "backend": "nccl" if launch.on_gpu() else "gloo"}
+            raise write_error_reports(exc, output, loaded, started_at, world) from None
+        except Interrupted as stop:
+            # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
+            # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).
+            from gpuval.soak import read_summary
+
+            summary = read_summary(output) if soak is not None else None
+            if summary is None:
+                raise
+            done = summary.inventory["soak"].get("completed")
+            say(
+                f"gpuval: {Interrupted(stop.signum)}: the soak stopped after {done} iteration(s); its "
+                f"summary ({summary.verdict.value}) is in {output / 'result.json'}",
+                err=True,
+            )
+            return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(summary.verdict.value, EXIT_ERROR)

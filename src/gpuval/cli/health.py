@@ -12,6 +12,7 @@ from gpuval.cli.options import (
     JsonResultOption,
     ProfileOption,
     SetOption,
+    TextfileOption,
     console,
     default_result_dir,
     exits,
@@ -27,6 +28,7 @@ def health(
     set_: SetOption = [],  # noqa: B006 - typer reads the default, never mutates it
     output: HealthOutputOption = None,
     json_: JsonResultOption = False,
+    textfile: TextfileOption = None,
 ) -> int:
     """Check this node's GPUs, links and driver in seconds; exit 0 PASS, 1 FAIL, 2 bad input, 3 ERROR."""
     from gpuval.accept import write_reports
@@ -39,6 +41,7 @@ def health(
     from gpuval.report.console import print_result
     from gpuval.results import World
     from gpuval.runtime import launcher_env, node_name
+    from gpuval.textfile import published
 
     started_at, began = datetime.now(timezone.utc).isoformat(timespec="seconds"), time.perf_counter()
     nvml = snapshot()  # read once: it picks the profile (as discover.local_gpu_names would) and is judged
@@ -50,6 +53,8 @@ def health(
         output = default_result_dir("health")
     if is_first_rank():
         ensure_writable_dir(output)
+        if textfile is not None:
+            ensure_writable_dir(textfile, "--textfile")
     history = history_path_from(None)  # read only: accept's last passing run there bounds the XID window
 
     def report(result) -> int:
@@ -62,9 +67,13 @@ def health(
             say_written(paths)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
+    # once the run ended, however it ended, rank 0 writes the textfile: every node's health under a launcher
+    writer = textfile if is_first_rank() else None
+    began_at = datetime.fromisoformat(started_at)
     if launcher_env() == "single":  # one node, one process: no process group needed
-        checks = node_health(loaded, node, snapshot=nvml, history=history)
-        return report(health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began))
+        with published(writer, "health", output, loaded.name, began_at):
+            checks = node_health(loaded, node, snapshot=nvml, history=history)
+            return report(health_result(loaded, node, checks, nvml, started_at, time.perf_counter() - began))
 
     def across_nodes() -> int:  # under torchrun/srun: every node's health, SDC on every rank, fleet checks
         from gpuval.accept import run_health_phase
@@ -81,4 +90,5 @@ def health(
         duration_s = time.perf_counter() - began
         return report(health_result(loaded, node, checks, None, started_at, duration_s, nodes, world))
 
-    return launch.run_distributed(None, across_nodes, timeout_s=loaded.runtime.timeout_s)
+    with published(writer, "health", output, loaded.name, began_at):
+        return launch.run_distributed(None, across_nodes, timeout_s=loaded.runtime.timeout_s)

@@ -141,6 +141,15 @@ _RESULT_FILES = "result.json, junit.xml and report.html"
 AcceptOutputOption = Annotated[Path | None, output_dir(_RESULT_FILES, f"{RESULTS_FOLDER}/accept-<UTC time>")]
 HealthOutputOption = Annotated[Path | None, output_dir(_RESULT_FILES, f"{RESULTS_FOLDER}/health-<UTC time>")]
 JsonResultOption = Annotated[bool, typer.Option("--json", help="print result.json to stdout")]
+TextfileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--textfile",
+        metavar="DIR",
+        help="also write the verdict for node_exporter's textfile collector into this folder, replaced "
+        "atomically (gpuval.prom; health: gpuval-health.prom; docs/monitoring.md)",
+    ),
+]
 
 
 def exits(command: Callable[..., int]) -> Callable[..., None]:

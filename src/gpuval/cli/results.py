@@ -322,15 +322,19 @@ def history_command(
 @exits
 def schema(
     document: Annotated[
-        Literal["result", "bench"],
+        Literal["result", "bench", "fleet"],
         typer.Argument(
             metavar="DOCUMENT",
-            help="result: accept's and health's result.json; bench: what bench --output writes",
+            help="result: accept's and health's result.json; bench: what bench --output writes; fleet: "
+            "gpuval fleet's fleet.json",
         ),
     ] = "result",
 ) -> int:
-    """Print the JSON Schema of result.json (or, with `bench`, of the file `gpuval bench --output` writes)."""
+    """Print the JSON Schema of result.json (or, with `bench`, of the file `gpuval bench --output` writes;
+    with `fleet`, of gpuval fleet's fleet.json)."""
+    from gpuval.fleet import document as fleet_document
     from gpuval.results import json_schema
 
-    sys.stdout.write(json.dumps(json_schema(document), indent=2) + "\n")
+    shipped = fleet_document.json_schema() if document == "fleet" else json_schema(document)
+    sys.stdout.write(json.dumps(shipped, indent=2) + "\n")
     return EXIT_PASS
