@@ -394,6 +394,61 @@ def test_under_external_torchrun_a_failing_rank_still_prints_its_line(tmp_path):
     _no_pass_result(results)
 
 
+def test_a_rank_of_an_external_launcher_stopped_by_it_says_so_in_one_line(tmp_path):
+    """When a peer fails, torchrun SIGTERMs the other ranks, often before rank 0 has seen the peer go (CI on
+    a loaded machine, 2026-12-06: rank 0 ended by SIGTERM without a word). Rank 0 of an external launcher
+    now says in one line that the launcher stopped it, and exits 143 with no PASS; another rank ends
+    quietly. Two ranks started as torchrun starts them; rank 0 sleeps at its first all_reduce (the hang
+    hook) when SIGTERM comes."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    mark, results = tmp_path / "hung", tmp_path / "results"
+    args = ["accept", "--profile", str(_profile(tmp_path, 60)), "--output", str(results)]
+    ranks = []
+    for rank in ("0", "1"):
+        env = cli_env(
+            PYTHONPATH=str(HANGHOOK),
+            OMP_NUM_THREADS="1",
+            GPUVAL_TEST_HANG="sleep",
+            GPUVAL_TEST_HANG_RANK="0",
+            GPUVAL_TEST_HANG_MARK=str(mark),
+            RANK=rank,  # what torchrun gives each rank
+            LOCAL_RANK=rank,
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gpuval", *args],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not mark.exists() and ranks[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mark.exists(), ranks[0].communicate(timeout=30)
+        ranks[0].send_signal(signal.SIGTERM)
+        out, err = ranks[0].communicate(timeout=30)
+    finally:
+        for proc in ranks:
+            proc.kill()
+            proc.communicate()
+    lines = [line for line in err.splitlines() if line.startswith("gpuval: ")]
+    assert ranks[0].returncode == 128 + signal.SIGTERM, err
+    assert len(lines) == 1 and "(SIGTERM); rank 0 of 2: torchrun stopped this rank" in lines[0], err
+    _no_pass_result(results)
+
+
 def test_a_killed_launchers_exit_folder_is_swept_by_the_next_launch(tmp_path):
     """SIGKILL runs no `finally`: the next launcher removes exit folders whose launcher is gone, and only
     those (a live launcher's folder stays)."""

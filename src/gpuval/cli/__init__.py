@@ -90,29 +90,41 @@ def main() -> None:
     import signal
 
     from gpuval.errors import Interrupted
-    from gpuval.launch import worker_start
+    from gpuval.launch import EXIT_DIR_VARIABLE, worker_start
     from gpuval.runtime import launcher_env, leave_process
 
     worker_start()  # a rank that gpuval's own launcher started: dies with it (launch.py)
     # Signals received: Interrupted is raised wherever the process is, also inside an import, where a
     # library may turn it into an error of its own (transformers' lazy imports do): the signal decides.
     signalled: list[int] = []
-    if launcher_env() == "single":  # not a rank of torchrun/srun: SIGINT/SIGTERM end it in one line
+    launcher = launcher_env()
+    external_rank = launcher != "single" and not os.environ.get(EXIT_DIR_VARIABLE)
+    if launcher == "single" or external_rank:
+        # Not a rank (SIGINT/SIGTERM end it in one line), or a rank of someone else's torchrun/srun: when a
+        # peer fails, the launcher SIGTERMs the others, often before rank 0 has seen the peer go; rank 0 then
+        # says in one line that the launcher stopped it (the default would end it without a word), the
+        # other ranks end quietly as before. Ranks of gpuval's own launcher leave it to the launcher.
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+        world = os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "?"))
+        stopped = f"rank {rank} of {world}: {launcher} stopped this rank (its output names the failed one)"
 
         def _interrupted(signum, frame):
             signalled.append(signum)
+            if external_rank and rank != "0":
+                os._exit(Interrupted(signum).exit_code)
             if _importing(frame):
                 # An exception raised inside a module's import may have to cross C++ (torch's extension
                 # init calls back into Python): pybind11 then aborts the process. Nothing is being written
                 # during an import (outputs are atomic, the output lock is an flock the kernel frees), so
                 # the run ends here, in one line, without unwinding.
-                _say(f"gpuval: {Interrupted(signum)}")
+                _say(f"gpuval: {Interrupted(signum, stopped if external_rank else '')}")
                 for stream in (sys.stdout, sys.stderr):
                     stream.flush()
                 os._exit(Interrupted(signum).exit_code)
-            raise Interrupted(signum)
+            raise Interrupted(signum, stopped if external_rank else "")
 
-        signal.signal(signal.SIGINT, _interrupted)
+        if not external_rank:  # a rank's Ctrl-C is the launcher's to forward
+            signal.signal(signal.SIGINT, _interrupted)
         signal.signal(signal.SIGTERM, _interrupted)
     try:  # typer >= 0.25 carries its own copy of click: its exceptions are the ones raised
         from typer import _click as click
