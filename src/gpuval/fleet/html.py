@@ -23,7 +23,7 @@ BINS = 40  # bars of a distribution
 COLOURS = {status.value: colour for status, colour in _COLOURS.items()} | {MISSING: "#bc4c00"}
 FLEET_CSS = """
 td.heat { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; font-size: 12px; }
-th.rot { font-size: 11px; font-weight: 600; max-width: 9em; }
+th.rot { font-size: 11px; font-weight: 600; max-width: 9em; overflow-wrap: anywhere; }
 .counts span { display: inline-block; margin-right: 18px; }
 .dist { display: inline-block; margin: 6px 18px 12px 0; vertical-align: top; }
 .dist p { margin: 0; font-size: 12px; color: #57606a; max-width: 340px; }
