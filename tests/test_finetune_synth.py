@@ -22,7 +22,7 @@ from gpuval.finetune.catalogue import (
     pool_part,
 )
 from gpuval.finetune.glaive import convert_record
-from gpuval.finetune.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, synth_records
+from gpuval.finetune.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, rename_names, synth_records
 
 N = 600
 
@@ -218,3 +218,41 @@ def test_pieces_like_keeps_case_digits_and_address_shape():
                 assert re.fullmatch(r"(ab|cde)+", word), made
                 assert len(word) >= len(was) or word in said, made
                 said.append(word)
+
+
+def test_rename_names_renames_schemas_and_calls_alike_and_keeps_the_values():
+    """Made-up names (pretraining's schema reading, tools/tiny_model.py) must stay consistent: every call
+    names a function of its record's schemas and only that function's parameters, with the same values as
+    before; a parameter called "name" (create_playlist) is a parameter, not the schema's own key."""
+    pieces = ("bro", "cc", "ol", "sik", "vel", "tar", "mon", "Kra", "ów")
+    renamed_functions = renamed_params = 0
+    for index, record in enumerate(synth_records(400, seed=3, values="train")):
+        new = rename_names(record, random.Random(index), pieces)
+        before, after = convert_record(record), convert_record(new)
+        if not before["tools"]:
+            assert new == record
+            continue
+        old_names = {t["name"] for t in before["tools"]}
+        schemas = {t["name"]: t["parameters"] for t in after["tools"]}
+        renamed_functions += len(set(schemas) - old_names)
+        for tool_old, tool_new in zip(before["tools"], after["tools"], strict=True):
+            old_props, new_props = tool_old["parameters"]["properties"], tool_new["parameters"]["properties"]
+            assert len(new_props) == len(old_props) and not set(new_props) & set(old_props)
+            assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", name) for name in new_props)
+            assert len(tool_new["parameters"]["required"]) == len(tool_old["parameters"]["required"])
+            renamed_params += len(new_props)
+        calls = [
+            (c_old, c_new)
+            for m_old, m_new in zip(before["messages"], after["messages"], strict=True)
+            for c_old, c_new in zip(m_old.get("tool_calls") or [], m_new.get("tool_calls") or [], strict=True)
+        ]
+        for c_old, c_new in calls:
+            assert set(c_new["arguments"]) <= set(schemas[c_new["name"]]["properties"])
+            assert list(c_new["arguments"].values()) == list(c_old["arguments"].values())
+    assert renamed_params > 300 and renamed_functions > 50
+
+
+def test_rename_names_refuses_pieces_it_cannot_make_names_from():
+    record = next(r for r in synth_records(20, seed=3) if r["system"].startswith(SYSTEM_WITH_TOOLS))
+    with pytest.raises(ValueError, match="word pieces"):
+        rename_names(record, random.Random(0), ("ów", "12"))

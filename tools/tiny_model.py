@@ -39,7 +39,7 @@ from typing import Any
 from gpuval.finetune.catalogue import MadeUp, Values
 from gpuval.finetune.glaive import convert_record
 from gpuval.finetune.model import TINY_MODEL_DIR
-from gpuval.finetune.synth import synth_record, synth_records, word_pieces
+from gpuval.finetune.synth import rename_names, synth_record, synth_records, word_pieces
 from gpuval.finetune.template import (
     END_OF_TEXT,
     IM_END,
@@ -157,23 +157,39 @@ PRETRAIN_LR = 3e-3
 PRETRAIN_WARMUP = 50
 
 
+Part = tuple[Values, int, int, int, float]  # values, seed, first and past-last record index, rename share
+
+
 def pretrain_plan(
-    n: int = PRETRAIN_RECORDS, seed: int = PRETRAIN_SEED, pieces: tuple[str, ...] = ()
-) -> list[tuple[Values, int, int, int]]:
-    """The pretraining records as `(values, seed, start, stop)` ranges of synth_record indices: a quarter
-    with train-part values, three quarters with made-up text values (catalogue.py, "synthetic"; half of
-    them built from word `pieces` when given) that can only be copied from the request."""
+    n: int = PRETRAIN_RECORDS,
+    seed: int = PRETRAIN_SEED,
+    pieces: tuple[str, ...] = (),
+    rename_share: float = 0.0,
+) -> list[Part]:
+    """The pretraining records as `(values, seed, start, stop, rename_share)` ranges of synth_record
+    indices: a quarter with train-part values, three quarters with made-up text values (catalogue.py,
+    "synthetic"; half of them built from word `pieces` when given) that can only be copied from the
+    request. Of the made-up part, `rename_share` of the records with functions get made-up function and
+    parameter names (synth.rename_names, from the word pieces): names that can only be read from the
+    schema, as a fine-tuned model's call to a function it never saw must read them."""
     made_up: Values = MadeUp(pieces) if pieces else "synthetic"
-    return [("train", seed, 0, n - n * 3 // 4), (made_up, seed + 1, 0, n * 3 // 4)]
+    if rename_share and not pieces:
+        raise ValueError("made-up names are built from word pieces: pass --pieces too")
+    return [("train", seed, 0, n - n * 3 // 4, 0.0), (made_up, seed + 1, 0, n * 3 // 4, rename_share)]
 
 
-def record_texts(values: Values, seed: int, start: int, stop: int) -> list[str]:
+def record_texts(values: Values, seed: int, start: int, stop: int, rename_share: float = 0.0) -> list[str]:
     """Records `start..stop` in Glaive's raw text format, plus the tool-free ones again in the Qwen chat
-    template."""
+    template; `rename_share` of them with made-up names (pretrain_plan)."""
+    import random
+
     template = _tool_template()
     texts = []
     for index in range(start, stop):
         record = synth_record(seed, index, values)
+        rng = random.Random(f"gpuval-rename:{seed}:{index}")
+        if rename_share and isinstance(values, MadeUp) and rng.random() < rename_share:
+            record = rename_names(record, rng, values.pieces)
         texts.append(f"{record['system']}\n\n{record['chat']}")
         example = convert_record(record)
         if not example["tools"]:
@@ -183,10 +199,10 @@ def record_texts(values: Values, seed: int, start: int, stop: int) -> list[str]:
     return texts
 
 
-def _chunks(plan: list[tuple[Values, int, int, int]], size: int) -> list[tuple[Values, int, int, int]]:
+def _chunks(plan: list[Part], size: int) -> list[Part]:
     return [
-        (values, seed, at, min(at + size, stop))
-        for values, seed, start, stop in plan
+        (values, seed, at, min(at + size, stop), rename)
+        for values, seed, start, stop, rename in plan
         for at in range(start, stop, size)
     ]
 
@@ -215,6 +231,7 @@ def pretrain(
     stop_after: int | None = None,
     seed: int = PRETRAIN_SEED,
     lr: float = PRETRAIN_LR,
+    rename_share: float = 0.0,
 ) -> Path:
     """Full-parameter training of the tiny config on the replies of `pretrain_texts` (made-up values from
     word pieces too when `pieces`), saved as bf16 safetensors. `seed` draws the records, the initial
@@ -233,7 +250,7 @@ def pretrain(
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))
-    plan = pretrain_plan(records, seed, word_pieces(tokenizer) if pieces else ())
+    plan = pretrain_plan(records, seed, word_pieces(tokenizer) if pieces else (), rename_share)
     with multiprocessing.get_context("fork").Pool(
         min(16, os.cpu_count() or 1), _init_encoder, (str(output),)
     ) as workers:  # records are made, rendered and tokenized in the workers, in order
@@ -312,7 +329,7 @@ def _encode(text: str) -> dict[str, list[int]]:
     return {"input_ids": ids, "labels": labels}
 
 
-def _encode_records(part: tuple[Values, int, int, int]) -> list[dict[str, list[int]]]:
+def _encode_records(part: Part) -> list[dict[str, list[int]]]:
     return [_encode(text) for text in record_texts(*part)]
 
 
@@ -367,6 +384,12 @@ def main() -> None:
         "--seed", type=int, default=PRETRAIN_SEED, help="records, initial weights and data order"
     )
     parser.add_argument("--lr", type=float, default=PRETRAIN_LR, help="AdamW's peak learning rate")
+    parser.add_argument(
+        "--rename-share",
+        type=float,
+        default=0.0,
+        help="of the made-up-value records with functions, the share with made-up names (needs --pieces)",
+    )
     args = parser.parse_args()
     write_tiny_model(args.output, args.hidden_size)
     print(
@@ -381,6 +404,7 @@ def main() -> None:
             stop_after=args.stop_after,
             seed=args.seed,
             lr=args.lr,
+            rename_share=args.rename_share,
         )
     )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -24,15 +25,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gpuval.finetune.glaive import FUNCTION_CALL, parse_call
 from gpuval.finetune.model import TINY_MODEL_DIR
-from gpuval.finetune.synth import synth_records
+from gpuval.finetune.synth import rename_names, synth_records, word_pieces
 
 HOLDOUT_SEED = 1  # the seed of the CPU fine-tune's holdout_values split (configs/finetune/tiny-cpu.yaml)
 
 
-def cases(records: int) -> list[tuple[str, str]]:
-    """(prompt, expected call text) for every record whose first reply with a call is its call turn."""
+def cases(records: int, rename_pieces: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(prompt, expected call text) for every record whose first reply with a call is its call turn; with
+    `rename_pieces`, every record's parameters (half its functions too) renamed from them
+    (synth.rename_names): the base must read the names from the schema as well."""
     out = []
-    for record in synth_records(records, HOLDOUT_SEED, values="holdout"):
+    for index, record in enumerate(synth_records(records, HOLDOUT_SEED, values="holdout")):
+        if rename_pieces:
+            record = rename_names(record, random.Random(f"base-copy-rename:{index}"), rename_pieces)
         chat = record["chat"]
         at = chat.find("<functioncall>")
         if at < 0:
@@ -67,13 +72,16 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--show", type=int, default=10, help="misses to print")
     parser.add_argument("--json", type=Path, default=None, help="write the counts and the misses here")
+    parser.add_argument(
+        "--renamed", action="store_true", help="made-up function and parameter names, read from the schema"
+    )
     args = parser.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(str(args.model))
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(str(args.model), dtype=torch.float32).to(device).eval()
-    todo = cases(args.records)
+    todo = cases(args.records, word_pieces(tokenizer) if args.renamed else ())
     misses = []
     for start in range(0, len(todo), args.batch_size):
         chunk = todo[start : start + args.batch_size]
@@ -87,11 +95,13 @@ def main() -> int:
             if first_call(reply) != first_call(want):
                 misses.append({"expected": want, "reply": reply[: len(want) + 40]})
     exact = len(todo) - len(misses)
-    print(f"base copy, Glaive format, held-out values: {exact}/{len(todo)} calls = {exact / len(todo):.3f}")
+    what = "held-out values, made-up names" if args.renamed else "held-out values"
+    print(f"base copy, Glaive format, {what}: {exact}/{len(todo)} calls = {exact / len(todo):.3f}")
     for miss in misses[: args.show]:
         print(f"  want {miss['expected']}\n  got  {miss['reply']}")
     if args.json:
-        result = {"model": str(args.model), "records": args.records, "calls": len(todo), "exact": exact}
+        result = {"model": str(args.model), "records": args.records, "renamed": args.renamed}
+        result |= {"calls": len(todo), "exact": exact}
         args.json.write_text(json.dumps({**result, "misses": misses}, indent=1) + "\n", encoding="utf-8")
     return 0
 

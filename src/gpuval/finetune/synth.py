@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -214,6 +215,57 @@ def _no_tools_turns(rng: random.Random, values: Values) -> list[str]:
             question, answer = rng.choice(GENERAL_QUESTIONS)
             turns += [_user(question), _assistant(answer)]
     return turns
+
+
+def rename_names(
+    record: dict[str, str], rng: random.Random, pieces: tuple[str, ...], function_share: float = 0.5
+) -> dict[str, str]:
+    """`record` with every parameter of its functions, and with `function_share` each function too, given
+    a made-up snake_case name from word `pieces`, in the schemas and the calls alike
+    (`departure_date` -> `brov_elsik`): a name that can only be read from the schema, as a call to a
+    function never seen in training must read it. Tool-free records come back unchanged."""
+    from gpuval.finetune.glaive import parse_call
+
+    if not record["system"].startswith(SYSTEM_WITH_TOOLS + "\n"):
+        return record
+    # Pretty-printed schemas, one blank line apart: a string inside one never holds a raw newline.
+    schemas = [json.loads(part) for part in record["system"][len(SYSTEM_WITH_TOOLS) + 1 :].split("\n\n")]
+    words = [piece.lower() for piece in pieces if piece.isascii() and piece.isalpha()]
+    if not words:
+        raise ValueError("no ASCII word pieces to make names from")
+    taken = {s["name"] for s in schemas} | {p for s in schemas for p in s["parameters"]["properties"]}
+
+    def made_up(n_words: int) -> str:
+        for attempt in range(1000):  # a longer name once short ones run out (few pieces)
+            name = "_".join(rng.choice(words) for _ in range(n_words + attempt // 100))
+            if name not in taken:
+                taken.add(name)
+                return name
+        raise ValueError("too few word pieces to make distinct names from")
+
+    functions: dict[str, str] = {}
+    params: dict[str, dict[str, str]] = {}  # per function, under its new name
+    for schema in schemas:
+        if rng.random() < function_share:
+            functions[schema["name"]] = made_up(rng.randint(2, 3))
+        new_name = functions.get(schema["name"], schema["name"])
+        parameters = schema["parameters"]
+        names = params[new_name] = {old: made_up(old.count("_") + 1) for old in parameters["properties"]}
+        schema["name"] = new_name
+        parameters["properties"] = {names[old]: prop for old, prop in parameters["properties"].items()}
+        parameters["required"] = [names[old] for old in parameters["required"]]
+
+    def call(match: re.Match[str]) -> str:
+        name, arguments = parse_call(match.group(1))
+        name = functions.get(name, name)
+        if "arguments" not in match.group(1):  # Glaive's call without arguments stays so
+            return f"<functioncall> {json.dumps({'name': name})}{END_OF_TEXT}"
+        arguments = {params[name].get(key, key): value for key, value in arguments.items()}
+        raw = not re.search(r'"arguments":\s*\'', match.group(1))
+        return f"<functioncall> {format_call(name, arguments, raw_object=raw)}{END_OF_TEXT}"
+
+    chat = re.sub(r"<functioncall> (.*?)" + re.escape(END_OF_TEXT), call, record["chat"], flags=re.S)
+    return {"system": system_prompt(schemas), "chat": chat}
 
 
 def render_records(records: list[dict[str, str]], fmt: Literal["jsonl", "json"]) -> str:
