@@ -12,7 +12,7 @@ import pytest
 from test_derive import BASE, MANIFEST, run_file
 
 from gpuval import robust
-from gpuval.config import CountBound, Threshold, load_profile
+from gpuval.config import CountBound, Threshold, load_profile, resolve_profile_path
 from gpuval.derive import Rule, base_for, derive_check, derive_profile, from_manifest, half_speed_limit
 from gpuval.derive_runs import Run, load_run, node_name
 from gpuval.errors import UsageError
@@ -441,3 +441,54 @@ def test_the_robust_rule_moves_no_shipped_bound():
                 c: (b.min, b.max) for c, b in (shipped.by_gpus or {}).items()
             }, (one.name, name)
     assert not [line for line in notes if "left out: " in line or "refused: " in line], notes
+
+
+def test_a_verdict_shows_the_evidence_behind_each_derived_bound(cpu_runs, tmp_path):
+    """Derived from three clean runs on two nodes (a fourth, at 1 %, left out), the fp32 floor's checks say
+    so in result.json, on the console next to a FAIL, in report.html and in junit.xml; a hand-set bound
+    says it was set by hand."""
+    from rich.console import Console
+
+    from gpuval.checks import threshold_checks
+    from gpuval.derived.outliers import outlier_measurements
+    from gpuval.report.console import print_result
+    from gpuval.report.html import render_html
+    from gpuval.report.junit import junit_xml
+
+    cpu_run(cpu_runs / "task-3" / "result.json", "cpu-3", [0.0007] * 2, [0.0002] * 2, 0.01, 24.0, 99.0)
+    runs = [load_run(path) for path in find_result_files([cpu_runs])]
+    profile = derive_profile(resolve_profile_path("cpu"), runs, Rule())[2]
+    profile.checks["outliers.matmul_pct"] = Threshold(max=5, level="warn", source="hand-set: a reason")
+    measured = [
+        Measurement(name="matmul", scope="gpu:n/0", metrics={"fp32_tflops": 0.07}),
+        Measurement(name="matmul", scope="gpu:n/1", metrics={"fp32_tflops": 0.03}),  # below 0.0637
+    ]
+    measured += outlier_measurements(measured, {"matmul": ("fp32_tflops",)})  # 40 % below the median
+    producers = {"matmul": "matmul", "outliers": "matmul"}
+    checks = [c for c in threshold_checks(profile, measured, {}, producers) if c.value is not None]
+    fine, slow = sorted((c for c in checks if c.name == "matmul.fp32_tflops"), key=lambda c: c.scope)
+    said = "3 runs on 2 nodes, spread 2 %, 2 left out"  # six values kept of eight (see the test above)
+    assert (fine.status, slow.status) == (Status.PASS, Status.FAIL)
+    assert fine.threshold["evidence"] == slow.threshold["evidence"] == said
+    assert slow.threshold["source"] == profile.checks["matmul.fp32_tflops"].source
+    [gap] = [c for c in checks if c.name == "outliers.matmul_pct"]
+    assert (gap.status, gap.threshold["evidence"]) == (Status.WARN, "hand-set")
+
+    world = World(size=2, nodes=1, backend="gloo")
+    started = "2026-12-06T10:00:00+00:00"
+    result = Result(
+        verdict=Status.FAIL, started_at=started, duration_s=1.0, profile="cpu", world=world, checks=checks
+    )
+    console = Console(width=400, record=True)  # each row on one line
+    print_result(result, console)
+    lines = console.export_text().splitlines()
+    assert any("gpu:n/1" in line and f"[bound: {said}]" in line for line in lines), lines
+    assert not any("gpu:n/0" in line and "[bound:" in line for line in lines)  # a PASS needs no evidence
+    assert any("outliers.matmul_pct" in line and "[bound: hand-set]" in line for line in lines)
+    page = render_html(result)
+    # the FAIL under Problems and in the table of all checks, the PASS in that table
+    assert page.count('<span class="evidence" title="derived from 3 runs on 2 nodes') == 3
+    assert f">{said}</span>" in page
+    xml = junit_xml(result)
+    assert xml.count(f'<property name="bound.evidence" value="{said}" />') == 2
+    assert '<property name="bound.source" value="hand-set: a reason" />' in xml

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuval import derived, metrics
 from gpuval.checkref import CheckRef
-from gpuval.config import CountBound, Profile, Threshold
+from gpuval.config import CountBound, Profile, Threshold, evidence
 from gpuval.derived.correct import correctness_checks
 from gpuval.derived.outliers import gap_to_median_pct, outlier_measurements, pair_outliers
 from gpuval.results import Check, Measurement, Status
@@ -45,10 +45,13 @@ def gpu_count(measurement: Measurement, gpus_per_node: int | None) -> int | None
 
 
 def _bound_dict(threshold: Threshold, bound: CountBound | None, gpus: int | None) -> dict[str, Any]:
-    """The threshold a check reports: the bound judged by, its size, and the GPU count that chose it."""
+    """The threshold a check reports: the bound judged by, its size, the GPU count that chose it, and what
+    stands behind it: the profile's `source` and, in a few words, its `evidence` (derive.evidence)."""
     shown: dict[str, Any] = {}
     if bound is not None:
-        shown.update(bound.model_dump(exclude_none=True, exclude={"source"}))
+        shown.update(bound.model_dump(exclude_none=True))
+        if bound.source:
+            shown["evidence"] = evidence(bound.source)
     if threshold.bytes is not None:
         shown["bytes"] = threshold.bytes
     if not threshold.flat and gpus is not None:

@@ -40,6 +40,29 @@ class _Strict(BaseModel):
 # A bound's source starting with this was set by a person, not derived from runs (docs/thresholds.md):
 # `gpuval profiles derive` keeps such a bound where its runs are too few to derive one.
 HAND_SET = "hand-set"
+DERIVED = "derived"  # how a source written by gpuval profiles derive starts
+
+
+_SOURCE = re.compile(
+    rf"{DERIVED} from (?P<runs>\d+) runs? on (?P<nodes>\d+) nodes?, \d+ values "
+    r"\(spread (?P<spread>[^,]+), (?P<left>[^)]+)\)"
+)
+
+
+def evidence(source: str | None) -> str | None:
+    """What stands behind a bound, in a few words, from its `source` (as gpuval.derive writes it): '5 runs
+    on 4 nodes, spread 1.4 %' (', 1 left out' where derive left values out), 'hand-set' for a bound set by
+    hand, a source in another form as it is; None without a source."""
+    if not source:
+        return None
+    if source.startswith(HAND_SET):
+        return HAND_SET
+    match = _SOURCE.match(source)
+    if match is None:
+        return " ".join(source.split())
+    nodes = int(match["nodes"])
+    said = f"{match['runs']} runs on {nodes} node{'' if nodes == 1 else 's'}, spread {match['spread']}"
+    return said + (f", {match['left']}" if match["left"][0].isdigit() else "")
 
 
 def _ordered(low: float | None, high: float | None) -> None:

@@ -41,7 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval import metrics, robust
 from gpuval.checkref import CheckRef
-from gpuval.config import HAND_SET, CountBound, Profile, Threshold, resolve_profile_path, validate_model
+from gpuval.config import (
+    DERIVED,
+    HAND_SET,
+    CountBound,
+    Profile,
+    Threshold,
+    resolve_profile_path,
+    validate_model,
+)
 from gpuval.derive_runs import Run, Value, load_run, values_by_group
 from gpuval.errors import UsageError
 
@@ -50,7 +58,6 @@ DEFAULT_MIN_RUNS = 3
 DEFAULT_MARGIN = 0.03  # the least distance between a bound and the worst clean value, as a fraction of it
 HALF_SPEED_GAP_PCT = 50.0  # what a gap to the peers' median (outliers.*_pct) reads for a GPU at half speed
 _WIDTH = 110  # the longest line a profile gets
-_DERIVED = "derived"
 
 
 @dataclass(frozen=True)
@@ -158,7 +165,7 @@ def _source(group: Group, direction: int, rule: Rule, worst: float, sd: float) -
         left = "none left out" if group.judged else "too few to judge outliers"
     spread = _spread([v.value for v in group.kept], sd)
     return (
-        f"{_DERIVED} from {len(labels)} runs on {nodes} node{'' if nodes == 1 else 's'}, {len(group.kept)} "
+        f"{DERIVED} from {len(labels)} runs on {nodes} node{'' if nodes == 1 else 's'}, {len(group.kept)} "
         f"values (spread {spread}, {left}): {_edge(direction, rule, worst, sd)}; {', '.join(labels)}"
     )
 

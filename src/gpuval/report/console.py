@@ -57,7 +57,7 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
         f"{result.world.nodes} node(s) · {result.world.backend}"
     )
     checks = sorted(result.checks, key=lambda c: (_ORDER[c.status], c.name, c.scope))
-    hints = ["" if check.status is Status.PASS else check.detail for check in checks]  # a PASS needs none
+    hints = ["" if check.status is Status.PASS else _hint(check) for check in checks]  # a PASS needs none
     bare = _check_table(heading, checks, hints=None)
     room = console.width - Span.get(console, console.options, bare).maximum - 3  # "│" and padding
     if room >= HINT_COLUMN_MIN_WIDTH or not any(hints):
@@ -73,6 +73,15 @@ def print_result(result: Result, console: Console, title: str | None = None) -> 
     console.print(
         f"[{STYLE[result.verdict]}]{result.verdict.value}[/] ({summary}) in {result.duration_s:.1f} s"
     )
+
+
+def _hint(check: Check) -> str:
+    """Why a check did not pass, and, where it crossed its bound, what stands behind that bound (the
+    profile's evidence: how many clean runs on how many nodes, or set by hand)."""
+    said = check.threshold.get("evidence")
+    if check.status in (Status.FAIL, Status.WARN) and check.value is not None and said:
+        return f"{check.detail} [bound: {said}]"
+    return check.detail
 
 
 def _check_table(

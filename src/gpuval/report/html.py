@@ -54,6 +54,7 @@ td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-n
 figure { margin: 16px 0; }
 figure svg { max-width: 100%; height: auto; }
 figcaption { color: #57606a; }
+span.evidence { color: #57606a; font-size: 12px; }
 code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 """
 
@@ -139,6 +140,16 @@ def _banner(result: Result) -> str:
     )
 
 
+def _bound_cell(threshold: dict[str, Any]) -> str:
+    """The bound and, below it, what stands behind it (its evidence; the profile's whole source on hover)."""
+    cell = html.escape(format_bound(threshold))
+    said = threshold.get("evidence")
+    if said:
+        source = html.escape(str(threshold.get("source") or said), quote=True)
+        cell += f'<br><span class="evidence" title="{source}">{html.escape(str(said))}</span>'
+    return cell
+
+
 def _check_rows(checks: list[Check], with_detail: bool) -> str:
     rows = []
     for check in sorted(checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
@@ -146,7 +157,7 @@ def _check_rows(checks: list[Check], with_detail: bool) -> str:
         rows.append(
             f'<tr><td class="status" style="color:{_COLOURS[check.status]}">{check.status.value}</td>'
             f"<td>{html.escape(check.name)}</td><td>{html.escape(check.scope)}</td>"
-            f'<td class="num">{html.escape(value)}</td><td>{html.escape(format_bound(check.threshold))}</td>'
+            f'<td class="num">{html.escape(value)}</td><td>{_bound_cell(check.threshold)}</td>'
             + (f"<td>{html.escape(check.detail)}</td>" if with_detail else "")
             + "</tr>"
         )

@@ -25,6 +25,14 @@ def junit_xml(result: Result) -> str:
     )
     for check in result.checks:
         case = ET.SubElement(suite, "testcase", {"classname": check.scope, "name": check.name})
+        if check.threshold.get(
+            "source"
+        ):  # what stands behind the bound (Jenkins' and GitLab's testcase properties)
+            properties = ET.SubElement(case, "properties")
+            for name in ("evidence", "source"):
+                ET.SubElement(
+                    properties, "property", {"name": f"bound.{name}", "value": str(check.threshold[name])}
+                )
         value = "" if check.value is None else f"{check.value:.6g} {check.unit}".strip()
         message = check.detail or value
         if check.status is Status.FAIL:
