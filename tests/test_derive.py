@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from gpuval.config import load_profile
-from gpuval.derive import derive_bound, drifted, from_manifest, round_loose
+from gpuval.derive import derive_bound, round_loose
+from gpuval.derive_manifest import drifted, from_manifest
 from gpuval.results import Check, Measurement, Result, Status, World
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +166,8 @@ def test_derive_pools_per_gpu_metrics_and_splits_collectives_by_gpu_count(
 
 
 def test_base_defaults_to_the_profile_matching_the_runs_gpus(runs):
-    from gpuval.derive import base_for, load_run
+    from gpuval.derive import base_for
+    from gpuval.derive_runs import load_run
 
     assert base_for([load_run(path) for path in runs], None).name == "h200-sxm.yaml"
 
@@ -189,7 +191,8 @@ def test_too_few_runs_is_one_line_exit_2_and_nothing_written(
 
 
 def test_too_few_runs_at_one_gpu_count_names_the_count(write_profile, runs):
-    from gpuval.derive import Rule, derive_profile, load_run
+    from gpuval.derive import Rule, derive_profile
+    from gpuval.derive_runs import load_run
     from gpuval.errors import UsageError
 
     loaded = [load_run(path) for path in runs[:5]]  # three runs on 2 GPUs, two on 4
@@ -198,7 +201,8 @@ def test_too_few_runs_at_one_gpu_count_names_the_count(write_profile, runs):
 
 
 def test_a_hand_set_bound_stays_where_runs_are_too_few(write_profile, runs):
-    from gpuval.derive import Rule, derive_profile, load_run
+    from gpuval.derive import Rule, derive_profile
+    from gpuval.derive_runs import load_run
 
     base = BASE.replace(
         "all_reduce.busbw_gbps: {min: 1, bytes: 1GiB}",
@@ -239,7 +243,7 @@ def test_a_run_that_is_no_evidence_is_refused_by_name(
 
 def test_a_floor_fail_alone_does_not_refuse_a_run(runs, tmp_path):
     """A run that FAILed only a profile's floor is a clean run of healthy hardware: its values count."""
-    from gpuval.derive import load_run
+    from gpuval.derive_runs import load_run
 
     floor = Check(name="all_reduce.busbw_gbps", status=Status.FAIL, value=320.0, scope="cluster")
     path = run_file(
@@ -292,7 +296,8 @@ def test_manifest_check_mode_exits_0_when_profiles_follow(gpuval, tmp_path):
 
 def test_keep_leaves_a_hand_set_check_underived_however_many_runs(write_profile, runs):
     """`--keep` (the manifest's `keep`): the outlier ceiling stays as set by hand with six runs at hand."""
-    from gpuval.derive import Rule, derive_profile, load_run
+    from gpuval.derive import Rule, derive_profile
+    from gpuval.derive_runs import load_run
 
     base = write_profile(BASE.replace("{max: 50}", "{max: 5, source: 'hand-set: grows with the GPU count'}"))
     loaded = [load_run(path, skip=frozenset({"outliers.*"})) for path in runs]

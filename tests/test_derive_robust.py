@@ -13,7 +13,8 @@ from test_derive import BASE, MANIFEST, run_file
 
 from gpuval import robust
 from gpuval.config import CountBound, Threshold, load_profile, resolve_profile_path
-from gpuval.derive import Rule, base_for, derive_check, derive_profile, from_manifest, half_speed_limit
+from gpuval.derive import Rule, base_for, derive_check, derive_profile, half_speed_limit
+from gpuval.derive_manifest import from_manifest
 from gpuval.derive_runs import Run, load_run, node_name
 from gpuval.errors import UsageError
 from gpuval.result_files import find_result_files

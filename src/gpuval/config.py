@@ -49,13 +49,18 @@ _SOURCE = re.compile(
 )
 
 
+def hand_set(source: str | None) -> bool:
+    """Whether a bound's source says a person set it."""
+    return bool(source) and str(source).startswith(HAND_SET)
+
+
 def evidence(source: str | None) -> str | None:
     """What stands behind a bound, in a few words, from its `source` (as gpuval.derive writes it): '5 runs
     on 4 nodes, spread 1.4 %' (', 1 left out' where derive left values out), 'hand-set' for a bound set by
     hand, a source in another form as it is; None without a source."""
     if not source:
         return None
-    if source.startswith(HAND_SET):
+    if hand_set(source):
         return HAND_SET
     match = _SOURCE.match(source)
     if match is None:

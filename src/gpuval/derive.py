@@ -20,8 +20,8 @@ group per GPU count, written to the check's `by_gpus`.
 
 A group needs values from `min_runs` runs (files); with fewer, a bound whose source starts 'hand-set'
 stays, anything else is a usage error naming the check. Every bound derived names in its `source` the runs
-and nodes it came from, their spread and how many values were left out. Runs are read and vetted by
-gpuval.derive_runs: a FAIL against a profile's floor is no reason to refuse one (rule 1 handles it).
+and nodes it came from, their spread and how many values were left out (config.evidence reads it back for
+a verdict). Runs are read and vetted by gpuval.derive_runs: a FAIL against a floor is no reason to refuse one.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
 from gpuval import metrics, robust
 from gpuval.checkref import CheckRef
@@ -47,10 +46,11 @@ from gpuval.config import (
     CountBound,
     Profile,
     Threshold,
+    hand_set,
     resolve_profile_path,
     validate_model,
 )
-from gpuval.derive_runs import Run, Value, load_run, values_by_group
+from gpuval.derive_runs import Run, Value, values_by_group
 from gpuval.errors import UsageError
 
 DEFAULT_K = 3.0
@@ -170,14 +170,10 @@ def _source(group: Group, direction: int, rule: Rule, worst: float, sd: float) -
     )
 
 
-def _hand_set(source: str | None) -> bool:
-    return bool(source) and str(source).startswith(HAND_SET)
-
-
 def _keepable(source: str | None, strict: bool) -> bool:
     """Whether a bound of the base stays where no run measured its group: a hand-set one always; a derived
     one only outside strict mode (the manifest's: there every derived bound must follow from its runs)."""
-    return _hand_set(source) or (not strict and bool(source))
+    return hand_set(source) or (not strict and bool(source))
 
 
 def _bound(
@@ -244,7 +240,7 @@ def derive_check(
     direction = metrics.direction(ref.measurement, ref.metric)
     kept = {"bytes": threshold.bytes, "level": threshold.level}
     if direction == 0:
-        if _hand_set(threshold.source):
+        if hand_set(threshold.source):
             return threshold
         raise UsageError(f"{name}: neither higher nor lower is better: not derivable; set it by hand")
     unit = metrics.unit(ref.measurement, ref.metric)
@@ -260,12 +256,12 @@ def derive_check(
             bound, why = _bound(name, "", group, direction, rule, gap_pct)
             if bound is not None:
                 return Threshold(min=bound.min, max=bound.max, source=bound.source, **kept)
-            if threshold.flat and (not strict or _hand_set(threshold.source)):
+            if threshold.flat and (not strict or hand_set(threshold.source)):
                 notes.append(f"refused: {why}; the base's bound stays ({_shown(threshold)})")
                 return threshold
             raise _refused(why, strict)
         if threshold.flat and (
-            _hand_set(threshold.source) or (not group and _keepable(threshold.source, strict))
+            hand_set(threshold.source) or (not group and _keepable(threshold.source, strict))
         ):
             return threshold
         raise _too_few(name, "", group, rule)
@@ -281,14 +277,14 @@ def derive_check(
             stays = old if old is not None else flat
             if bound is not None:
                 entries[count] = bound
-            elif stays is not None and (not strict or _hand_set(stays.source)):
+            elif stays is not None and (not strict or hand_set(stays.source)):
                 entries[count] = stays
                 notes.append(f"refused: {why}; the base's bound stays ({_shown(stays)})")
             elif stays is None and not strict:
                 notes.append(f"refused: {why}; the base has no bound for {count} GPUs: none written")
             else:
                 raise _refused(why, strict)
-        elif old is not None and (_hand_set(old.source) or (not group and _keepable(old.source, strict))):
+        elif old is not None and (hand_set(old.source) or (not group and _keepable(old.source, strict))):
             entries[count] = old
         elif group or old is not None:
             raise _too_few(name, where, group, rule)
@@ -424,81 +420,3 @@ def base_for(runs: list[Run], base: str | None) -> Path:
 
 
 # --- the manifest: which committed runs each shipped profile comes from ----------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ManifestRun(_Strict):
-    path: str
-    skip: list[str] = Field(default_factory=list, description="checks not taken from this run (globs)")
-    why: str = Field("", description="why those checks are skipped")
-
-
-class ManifestProfile(_Strict):
-    profile: str = Field(description="the profile file: the base, and where the derived profile is written")
-    keep: list[str] = Field(
-        default_factory=list,
-        description="checks (globs) not derived from any run: their hand-set bounds stay",
-    )
-    runs: list[str | ManifestRun]
-
-
-class Manifest(_Strict):
-    root: str = Field(".", description="the folder profile paths are relative to, from the manifest's folder")
-    results: str = Field("benchmarks/results", description="the folder run paths are relative to, from root")
-    k: float = Field(DEFAULT_K, ge=0)
-    min_runs: int = Field(DEFAULT_MIN_RUNS, ge=2)
-    margin: float = Field(DEFAULT_MARGIN, ge=0, lt=1)
-    profiles: dict[str, ManifestProfile]
-
-
-@dataclass(frozen=True)
-class Derived:
-    name: str
-    path: Path
-    text: str
-    base: Profile
-    profile: Profile
-
-
-def from_manifest(
-    manifest_path: Path, only: list[str] | None = None, notes: list[str] | None = None
-) -> list[Derived]:
-    """Every profile the manifest lists (or those in `only`), derived in strict mode; nothing written.
-    What was left out goes to `notes`, each line after its profile's name."""
-    from gpuval.config import read_yaml
-
-    manifest = validate_model(Manifest, read_yaml(manifest_path, "manifest"), f"manifest '{manifest_path}'")
-    root = (manifest_path.parent / manifest.root).resolve()
-    rule = Rule(k=manifest.k, min_runs=manifest.min_runs, margin=manifest.margin)
-    unknown = [name for name in only or [] if name not in manifest.profiles]
-    if unknown:
-        raise UsageError(
-            f"manifest '{manifest_path}' lists no profile '{unknown[0]}': {', '.join(manifest.profiles)}"
-        )
-    derived = []
-    for name, entry in manifest.profiles.items():
-        if only and name not in only:
-            continue
-        runs = []
-        for item in entry.runs:
-            run = item if isinstance(item, ManifestRun) else ManifestRun(path=item)
-            skip = frozenset([*run.skip, *entry.keep])
-            runs.append(load_run(root / manifest.results / run.path, label=run.path, skip=skip))
-        path = root / entry.profile
-        found: list[str] = []
-        try:
-            text, base, profile = derive_profile(path, runs, rule, strict=True, notes=found)
-        finally:
-            if notes is not None:
-                notes += [f"{name}: {line}" for line in found]
-        derived.append(Derived(name, path, text, base, profile))
-    return derived
-
-
-def drifted(derived: Derived) -> list[str]:
-    """The checks whose bounds in the profile file differ from what its runs give now."""
-    shipped, now = derived.base.checks, derived.profile.checks
-    return [name for name in dict.fromkeys([*shipped, *now]) if shipped.get(name) != now.get(name)]

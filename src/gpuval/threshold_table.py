@@ -25,7 +25,7 @@ from gpuval.config import (
     resolve_profile_path,
     validate_model,
 )
-from gpuval.derive import Manifest, ManifestRun
+from gpuval.derive_manifest import Manifest, ManifestRun
 from gpuval.errors import UsageError
 from gpuval.units import format_bytes
 
@@ -148,8 +148,15 @@ spread (sd / median of the values kept) and how many were left out, then the edg
 `derived from 5 runs on 4 nodes, 5 values (spread 1.4 %, none left out): min 713.57 - 3 x sd 10.4; …`.
 A node is its host name with its GPUs' UUIDs (lent machines all call themselves `vm`; a node whose GPUs
 were replaced counts as another); a run whose inventory names no node counts as one. "too few to judge
-outliers" stands for "none left out" in a group of fewer than 4 values. The source stays in the profile:
-a check's result in `result.json` carries the bound it was judged by, not its source.
+outliers" stands for "none left out" in a group of fewer than 4 values.
+
+**A verdict shows it.** A check's `threshold` in `result.json` carries the bound it was judged by, the
+profile's `source` for that bound, and its `evidence` in a few words: `5 runs on 4 nodes, spread 1.4 %`
+(`, 2 left out` where derive left values out), `hand-set` for a bound set by hand, a source in any other
+form as it is written. The console adds `[bound: …]` to the hint of a check that crossed its bound (a
+FAIL or a WARN with a value: the moment a reader asks how firm the floor is); report.html shows the
+evidence under every bound, the whole source on hover; junit.xml gives each testcase the properties
+`bound.evidence` and `bound.source`. A bound without a source (one set with `--set`) shows none.
 
 A group with fewer runs keeps a bound of the base whose `source` starts `hand-set`; otherwise
 `gpuval profiles derive` stops with one line, exit 2, and writes nothing:

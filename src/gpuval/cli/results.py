@@ -112,7 +112,9 @@ def profiles_derive(
     per check, per GPU count for collectives and P2P, a floor that would pass a GPU at half speed refused;
     each bound names the runs, nodes and spread it came from (docs/thresholds.md)."""
     from gpuval.atomic import write_text_atomic
-    from gpuval.derive import Rule, base_for, derive_profile, drifted, from_manifest, load_run
+    from gpuval.derive import Rule, base_for, derive_profile
+    from gpuval.derive_manifest import drifted, from_manifest
+    from gpuval.derive_runs import load_run
     from gpuval.result_files import find_result_files
 
     notes: list[str] = []
