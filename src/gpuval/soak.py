@@ -35,6 +35,7 @@ from typing import Any
 
 from gpuval import __version__
 from gpuval.errors import GpuvalError, Interrupted, UsageError
+from gpuval.jsonl import escape_breaks
 from gpuval.launch import EXIT_DIR_VARIABLE
 from gpuval.results import Check, Result, Status, verdict
 from gpuval.soak_judge import Judged, judge, merge_checks, series_json
@@ -186,7 +187,7 @@ class Ended:
 def _append(path: Path, result: Result) -> None:
     """One iteration's result.json as one line; flushed to disk before the next iteration starts."""
     with path.open("a", encoding="utf-8") as handle:
-        handle.write(result.model_dump_json(by_alias=True) + "\n")
+        handle.write(escape_breaks(result.model_dump_json(by_alias=True)) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
 

@@ -29,6 +29,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from gpuval import jsonl
 from gpuval.errors import UsageError
 from gpuval.finetune import glaive, openai_format
 from gpuval.finetune.glaive import NOT_JSON, MalformedRecord
@@ -98,8 +99,7 @@ def prepare(
         "unseen_functions": sorted(unseen_functions),
     }
     for name in SPLITS:
-        lines = "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in splits[name])
-        write_text_atomic(output / f"{name}.jsonl", lines)
+        write_text_atomic(output / f"{name}.jsonl", jsonl.dump_lines(splits[name]))
     write_text_atomic(output / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
     return stats
 
@@ -107,11 +107,8 @@ def prepare(
 def read_jsonl(path: str | Path, what: str) -> list[tuple[int, Any]]:
     """(line number, decoded value) of every non-blank line of a prepared JSONL file; an unreadable file
     or a line that is not JSON is one UsageError naming `what`, the file and the line."""
-    lines = read_input_text(path, what, MAX_DATASET_BYTES).splitlines()
     values = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl.split_lines(read_input_text(path, what, MAX_DATASET_BYTES)):
         try:
             values.append((number, decode_json(line)))
         except ValueError as exc:
@@ -161,9 +158,7 @@ def _parse_text(source: str, text: str) -> list[SourceRecord]:
             for i, item in enumerate(items, start=1)
         ]
     records = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl.split_lines(text):
         try:
             records.append(SourceRecord(f"line {number}", decode_json(line)))
         except ValueError:  # not JSON, NaN, a lone surrogate, too deep: skipped and counted as not_json

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuval import jsonl
 from gpuval.errors import UsageError
 from gpuval.finetune.config import FinetuneConfig
 
@@ -59,8 +60,7 @@ def make_data(cfg: FinetuneConfig, log: Any = print) -> None:
     if cfg.synth and cfg.synth.holdout_n:
         write_synth(cfg.synth.holdout_n, holdout_source, cfg.synth.holdout_seed, "jsonl", "holdout")
         records = holdout_records(holdout_source, _seen_functions(cfg))
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-        write_text_atomic(holdout_path(cfg), lines)
+        write_text_atomic(holdout_path(cfg), jsonl.dump_lines(records))
         log(f"holdout values: {len(records)} call records of seen functions -> {holdout_path(cfg)}")
 
 
@@ -152,25 +152,21 @@ def run_eval(cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = Non
         **result,
     }
     output = Path(cfg.output)
-    lines = []
+    rows = []
     for key, texts in predictions.items():
         variant, split = key.split("/", 1)
         # the base may have scored the first examples only (eval.base_max_examples)
         for index, (record, text) in enumerate(zip(records[split][: len(texts)], texts, strict=True)):
-            lines.append(
-                json.dumps(
-                    {
-                        "split": split,
-                        "model": variant,
-                        "index": index,
-                        "generated": text,
-                        "expected": _first_reply(record),
-                    },
-                    ensure_ascii=False,
-                )
-                + "\n"
+            rows.append(
+                {
+                    "split": split,
+                    "model": variant,
+                    "index": index,
+                    "generated": text,
+                    "expected": _first_reply(record),
+                }
             )
-    write_text_atomic(output / PREDICTIONS, "".join(lines))
+    write_text_atomic(output / PREDICTIONS, jsonl.dump_lines(rows))
     write_text_atomic(output / EVAL_JSON, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     return document
 

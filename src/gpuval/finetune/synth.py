@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+from gpuval import jsonl
 from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, draw
 
 SYSTEM_WITH_TOOLS = (
@@ -271,7 +272,7 @@ def rename_names(
 def render_records(records: list[dict[str, str]], fmt: Literal["jsonl", "json"]) -> str:
     if fmt == "json":
         return json.dumps(records, indent=2, ensure_ascii=False) + "\n"
-    return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    return jsonl.dump_lines(records)
 
 
 def write_synth(
