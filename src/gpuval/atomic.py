@@ -28,8 +28,8 @@ def folders_undone_on_failure(directory: str | os.PathLike[str]) -> Iterator[Non
         raise
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    target = Path(path)
+def _written_beside(target: Path, text: str) -> Path:
+    """`text` in a new temp file in `target`'s folder (made if missing), on disk: a rename publishes it."""
     with folders_undone_on_failure(target.parent):
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -40,11 +40,31 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return Path(tmp)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    return write_texts_atomic({Path(path): text})[0]
+
+
+def write_texts_atomic(texts: dict[Path, str]) -> list[Path]:
+    """Several files written all or none: each into a temp file beside it first, and only once every one is
+    on disk are they renamed into place, so that a write that fails (a full disk, a folder not writable)
+    leaves every file as it was. The renames, last, stay in the folders where the temp files were made."""
+    written: list[tuple[Path, Path]] = []
+    try:
+        for target, text in texts.items():
+            written.append((_written_beside(target, text), target))
+        for tmp, target in written:
+            os.replace(tmp, target)
+    except BaseException:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        raise
+    return [target for _, target in written]
 
 
 def _umask() -> int:

@@ -69,11 +69,23 @@ class Rule:
     least_gap: float = robust.LEAST_GAP  # and its least distance from the median, relative to the median
     least_values: int = robust.LEAST_VALUES  # a group of fewer values is not judged for outliers
 
+    def __post_init__(self) -> None:
+        # an infinite k turns a spread of 0 into NaN (inf x 0) and any other into a floor of 0 (--k, manifest)
+        if not (math.isfinite(self.k) and self.k >= 0):
+            raise UsageError(f"--k {self.k}: give a finite number of standard deviations, 0 or more (e.g. 3)")
+        if not (math.isfinite(self.margin) and 0 <= self.margin < 1):
+            raise UsageError(
+                f"--margin {self.margin}: give a fraction of the worst value, 0 to 0.99 (e.g. 0.03)"
+            )
+
 
 def round_loose(value: float, down: bool) -> float:
-    """`value` to 3 significant digits, rounded towards the looser bound (down for a floor)."""
+    """`value` to 3 significant digits, rounded towards the looser bound (down for a floor); a bound past
+    the largest float (a huge k) stays infinite, for _bound to refuse."""
     if value <= 0:
         return 0.0
+    if math.isinf(value):
+        return value
     step = 10.0 ** (math.floor(math.log10(value)) - 2)
     steps = math.floor(value / step + 1e-9) if down else math.ceil(value / step - 1e-9)
     return float(f"{steps * step:.10g}")
@@ -184,10 +196,12 @@ def _bound(
     value, worst, sd = derive_bound(values, direction, rule.k, rule.margin)
     limit = half_speed_limit(statistics.median(values), direction, gap_pct)
     loose = limit is not None and (value <= limit if direction > 0 else value >= limit)
-    if loose or (direction > 0 and value <= 0):
+    if loose or (direction > 0 and value <= 0) or math.isinf(value):
         gap = max(rule.k * sd, rule.margin * abs(worst))
         side, raw = ("floor", worst - gap) if direction > 0 else ("ceiling", worst + gap)
-        if direction > 0:
+        if math.isinf(value):  # a ceiling where the median gives no limit (0), k x sd past the floats
+            edge = "past any number a profile holds"
+        elif direction > 0:
             edge = f"at or below half the median ({limit:.4g})"
         else:
             edge = f"at or above {limit:g} %" if gap_pct else f"at or above twice the median ({limit:.4g})"
@@ -195,8 +209,7 @@ def _bound(
             f"{name}{where}: spread {_spread(values, sd)} (sd/median), the rule gives a {side} of {raw:.3g} "
             f"({_edge(direction, rule, worst, sd)}), {edge}: a GPU at half speed would pass"
         )
-    number = int(value) if value == int(value) else value
-    side = {"min": number} if direction > 0 else {"max": number}
+    side = {"min": _number(value)} if direction > 0 else {"max": _number(value)}
     return CountBound(**side, source=_source(group, direction, rule, worst, sd)), ""
 
 
@@ -308,8 +321,20 @@ def derive_checks(
 # --- writing the profile -------------------------------------------------------------------------------
 
 
+# Below it every whole float is an int exactly: written as one; past it as a float (1.0e+20), so that no
+# bound becomes an integer of more digits than the profile loader takes (gpuval.inputs.MAX_INT)
+_EXACT_INTEGERS = 2**53
+
+
 def _number(value: float) -> float | int:
-    return int(value) if value == int(value) else value
+    return int(value) if abs(value) < _EXACT_INTEGERS and value == int(value) else value
+
+
+def _yaml_float(value: float) -> str:
+    """A float as YAML 1.1 reads a float: 1.0e+20 and 5.0e-05, as yaml.safe_dump writes them, where Python
+    writes 1e+20 and 5e-05, which PyYAML reads as text (its floats need a '.')."""
+    text = repr(value)
+    return text.replace("e", ".0e", 1) if "e" in text and "." not in text else text
 
 
 def _size(count: int) -> str | int:
@@ -323,7 +348,7 @@ def _scalar(key: str, value: Any, indent: int) -> list[str]:
     """`key: value` as YAML lines; a long text folded (`>-`) at spaces so that it reads back the same."""
     pad = " " * indent
     if not isinstance(value, str):
-        return [f"{pad}{key}: {value}"]
+        return [f"{pad}{key}: {_yaml_float(value) if isinstance(value, float) else value}"]
     line = f"{pad}{key}: {json.dumps(value, ensure_ascii=False)}"
     if len(line) <= _WIDTH or "  " in value or value != value.strip():
         return [line]

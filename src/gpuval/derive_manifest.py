@@ -16,7 +16,7 @@ from gpuval.errors import UsageError
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # k: .inf would leave no bound
 
 
 class ManifestRun(_Strict):

@@ -4,18 +4,24 @@ grouped as the rule takes them (gpuval.derive, docs/thresholds.md).
 A run is a result.json (gpuval.result/v1) or a `gpuval bench --output` document (gpuval.bench/v1). One
 that is no evidence of a healthy node is refused, naming the file: a verdict of ERROR, a FAIL of a check
 that is not a threshold on a declared metric (a health family, a wrong collective result), a benchmark
-that did not run. A FAIL against a profile's floor is no reason: the values count.
+that did not run. A FAIL against a profile's floor is no reason: the values count. What gpuval could not
+have written is refused too, naming the file and the field: an inventory of another shape, a rank count
+below 1, a metric value that is no number or of a size no measurement has, a name (its path) that the
+derived profile could not list the run by.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from gpuval import metrics
 from gpuval.checkref import CheckRef
@@ -39,6 +45,49 @@ class Run:
     nodes: tuple[str, ...] = ()  # the nodes that ran it (node_name); none known: the run counts as one
 
 
+# The least and the largest size of a value other than 0 that a run may hold. No metric comes within 90
+# orders of magnitude of either (the committed runs span 0.012 to 51,109: TB/s of a CPU to tokens/s); past
+# them a value is a broken file, and the rule's arithmetic (sums in a median, 3 significant digits of a
+# subnormal) would leave the floats. JSON refuses NaN and infinities already (gpuval.inputs).
+LEAST_VALUE, LARGEST_VALUE = 1e-100, 1e100
+# What a bound's source, which lists its runs, cannot hold and read back from the profile: what breaks or
+# ends a line (control characters, U+2028/9) and what YAML refuses (lone surrogates, which undecodable
+# bytes of a path become, and the noncharacters U+FFFE/F)
+_UNNAMEABLE = ("Cc", "Cs", "Zl", "Zp")
+_NONCHARACTERS = "\ufffe\uffff"
+_FIX = "fix the file or leave the run out"
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Gpu(_Open):
+    name: StrictStr | None = None
+    uuid: StrictStr | None = None
+
+
+class _Host(_Open):
+    hostname: StrictStr | None = None
+
+
+class _Node(_Open):
+    node: StrictStr | None = None
+    host: _Host | None = None
+    gpus: list[_Gpu] | None = None
+
+
+class _Inventory(_Open):
+    nodes: list[_Node] | None = None
+
+
+class _Inventoried(_Open):
+    """The parts of a run's inventory read here (node_name, the GPUs' names), in the shape gpuval discover
+    writes them: a result.json's inventory is a free mapping in its schema."""
+
+    inventory: _Inventory = Field(default_factory=_Inventory)
+
+
 def node_name(node: dict[str, Any]) -> str | None:
     """A node of an inventory as one name: its host name and its GPUs' UUIDs, since lent machines all call
     themselves 'vm' (a node whose GPUs were replaced counts as another one). None when it says neither."""
@@ -51,11 +100,43 @@ def node_name(node: dict[str, Any]) -> str | None:
     return str(hostname) if hostname else None
 
 
+def _nameable(label: str) -> None:
+    """Refuse a run whose name a bound's source could not carry into the profile (a newline in its path)."""
+    bad = next(
+        (char for char in label if unicodedata.category(char) in _UNNAMEABLE or char in _NONCHARACTERS), None
+    )
+    if bad is not None:
+        shown = label.encode("utf-8", "backslashreplace").decode("utf-8")
+        raise UsageError(
+            f"run '{shown}': its name holds {ascii(bad)}, which the sources of the derived bounds (they list "
+            "their runs) cannot hold: rename or move the file"
+        )
+
+
+def _vetted_measurements(shown: str, measurements: list[Measurement]) -> None:
+    """Refuse what no gpuval benchmark writes in the fields the rule reads: a rank count below 1 (a
+    collective's GPU count), a value past the sizes any measurement has."""
+    for index, m in enumerate(measurements):
+        where = f"{shown}: measurements.{index}"
+        ranks = m.params.get("ranks", 1)
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+            raise UsageError(
+                f"{where}.params.ranks is {json.dumps(ranks)[:40]}, not a count of ranks (1 or more): {_FIX}"
+            )
+        for key, value in m.metrics.items():
+            if value and not LEAST_VALUE <= abs(value) <= LARGEST_VALUE:
+                raise UsageError(
+                    f"{where}.metrics.{key} is {value:.4g}, which no measurement gives (a value other than 0 "
+                    f"is between {LEAST_VALUE:g} and {LARGEST_VALUE:g} in size): {_FIX}"
+                )
+
+
 def load_run(path: Path, label: str | None = None, skip: frozenset[str] = frozenset()) -> Run:
     """A run read and vetted; anything that is no evidence of a healthy node is a one-line UsageError."""
     from gpuval.inputs import load_json
 
     shown = label or str(path)
+    _nameable(shown)
     data = load_json(path, "result file")
     schema = data.get("schema") if isinstance(data, dict) else None
     profile = None
@@ -72,26 +153,29 @@ def load_run(path: Path, label: str | None = None, skip: frozenset[str] = frozen
                     f"{shown}: {failed[0].name} FAILed on {failed[0].scope}: not a healthy node's run; "
                     "leave it out"
                 )
-            world, nodes, measurements = result.world, result.inventory.get("nodes", []), result.measurements
+            world, measurements = result.world, result.measurements
             profile = result.profile or None
         elif schema == BENCH_SCHEMA_ID:
             document = BenchDocument.model_validate(data)
             if document.status != "OK":
                 raise UsageError(f"{shown}: its benchmark did not run ({document.status}: {document.detail})")
-            world, nodes, measurements = document.world, document.inventory.nodes, document.measurements
+            world, measurements = document.world, document.measurements
         else:
             raise UsageError(
                 f"{shown}: not a gpuval result.json or bench document (schema: {schema!r}); pass what "
                 "gpuval accept or gpuval bench --output wrote"
             )
+        _Inventoried.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
-        raise UsageError(f"{shown}: not a valid gpuval document ({where}: {first.get('msg')})") from None
+        said = re.sub(r" or instance of \w+", "", str(first.get("msg")))  # not our class names
+        raise UsageError(f"{shown}: not a valid gpuval document ({where}: {said}): {_FIX}") from None
     if not measurements:
         raise UsageError(f"{shown}: it holds no measurement to derive from")
-    nodes = [node for node in nodes if isinstance(node, dict)]
-    names = tuple(str(gpu.get("name")) for node in nodes for gpu in node.get("gpus") or [] if gpu.get("name"))
+    _vetted_measurements(shown, measurements)
+    nodes = data.get("inventory", {}).get("nodes") or []
+    names = tuple(gpu["name"] for node in nodes for gpu in node.get("gpus") or [] if gpu.get("name"))
     named = tuple(dict.fromkeys(name for name in map(node_name, nodes) if name))
     per_node = max(1, world.size // max(1, world.nodes))
     return Run(shown, per_node, names, tuple(measurements), skip, profile, named)

@@ -12,9 +12,10 @@ import math
 from enum import Enum
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from gpuval.atomic import write_text_atomic
 
@@ -36,11 +37,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _not_text_or_boolean(value: Any) -> Any:
+    """A metric's value as gpuval writes it, a number or null: JSON's `true` would read as 1.0 and "5" as
+    5.0 in pydantic's lax mode. Non-finite values stay legal here: a measurement made in memory may hold
+    NaN, which `to_json` writes as null (and JSON files cannot hold: gpuval.inputs refuses them)."""
+    if isinstance(value, (bool, str)):
+        shown = json.dumps(value)[:40]
+        raise PydanticCustomError(
+            "number_type", f"{shown} is not a number: a metric's value is a number, or null"
+        )
+    return value
+
+
+_MetricValue = Annotated[float | None, BeforeValidator(_not_text_or_boolean)]
+
+
 class Measurement(_Strict):
     name: str = Field(description="benchmark item, e.g. 'all_reduce' or 'matmul'")
     scope: str = Field(description="cluster | node:NAME | gpu:NODE/INDEX | link:NODE/A-B")  # gpuval.scope
     params: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, float | None] = Field(default_factory=dict, description="unit in each key: busbw_gbps")
+    metrics: dict[str, _MetricValue] = Field(default_factory=dict, description="unit in each key: busbw_gbps")
     samples: int = Field(0, description="timed repetitions behind the metrics")
 
 

@@ -111,7 +111,7 @@ def profiles_derive(
     """Derive a profile's bounds from clean runs: outliers left out and named, floor = worst value - k x sd
     per check, per GPU count for collectives and P2P, a floor that would pass a GPU at half speed refused;
     each bound names the runs, nodes and spread it came from (docs/thresholds.md)."""
-    from gpuval.atomic import write_text_atomic
+    from gpuval.atomic import write_texts_atomic
     from gpuval.derive import Rule, base_for, derive_profile
     from gpuval.derive_manifest import drifted, from_manifest
     from gpuval.derive_runs import load_run
@@ -137,8 +137,14 @@ def profiles_derive(
             if not stale:
                 say(f"every profile of {manifest} follows from its runs", soft_wrap=True)
             return EXIT_FAIL if stale else EXIT_PASS
-        for one in derived:  # every profile derived before any is written: an error leaves all as they were
-            write_text_atomic(one.path, one.text)
+        try:  # every profile derived, then all written or none: an error leaves all as they were
+            write_texts_atomic({one.path: one.text for one in derived})
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {exc.filename or 'a profile'}: {exc.strerror or exc}: no profile of "
+                f"{manifest} was changed; make their folders writable"
+            ) from None
+        for one in derived:
             say(f"wrote {one.path}", soft_wrap=True)
         return EXIT_PASS
     if check:
