@@ -30,9 +30,11 @@ workers share 2 cores well. "Parallel workers" below says what keeps that safe.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -644,3 +646,19 @@ def cpu_accept_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess
     run = made_once(tmp_path_factory, "cpu-accept", make)
     proc = subprocess.CompletedProcess(["gpuval", "accept"], run["returncode"], run["stdout"], run["stderr"])
     return proc, Path(run["out"])
+
+
+@contextlib.contextmanager
+def ends_within(seconds: int) -> Iterator[None]:
+    """Fails the test, rather than hanging it, when the block runs longer (a loop that never ends)."""
+
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

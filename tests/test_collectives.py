@@ -182,9 +182,14 @@ def test_sweep_sizes_extra_sorted_unique():
     assert sweep_sizes(options) == [4096, 5000, 16384, 65536, 1048576]
 
 
-def test_sweep_sizes_min_above_max_keeps_extras_only():
-    options = CollectiveOptions(min_bytes="1MiB", max_bytes="4KiB", extra_sizes=[8192])
-    assert sweep_sizes(options) == [8192]
+def test_sweep_sizes_min_above_max_is_refused():
+    # it once measured the extra sizes alone; one size is min_bytes = max_bytes (issue 50)
+    with pytest.raises(ValueError, match=r"(?s)max_bytes.*below min_bytes"):
+        CollectiveOptions(min_bytes="1MiB", max_bytes="4KiB", extra_sizes=[8192])
+    assert sweep_sizes(CollectiveOptions(min_bytes="4KiB", max_bytes="4KiB", extra_sizes=[8192])) == [
+        4096,
+        8192,
+    ]
 
 
 def test_collectives_registered_with_all_ops():

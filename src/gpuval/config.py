@@ -31,6 +31,20 @@ from gpuval.errors import UsageError
 from gpuval.units import parse_bytes
 
 ByteSize = Annotated[int, BeforeValidator(parse_bytes)]
+# What gpuval sends, allocates or selects: at least one byte (a size sweep from 0 never grows, and a
+# buffer of none times nothing)
+PositiveByteSize = Annotated[ByteSize, Field(gt=0)]
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true or false")
+    return value
+
+
+# A float option: text that reads as a number is taken (YAML 1.1 leaves '1e-3', an exponent without a dot,
+# as text), a boolean is not (pydantic's lax float reads true as 1.0)
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class _Strict(BaseModel):
@@ -102,7 +116,7 @@ class Threshold(_Strict):
 
     min: float | None = None
     max: float | None = None
-    bytes: ByteSize | None = None
+    bytes: PositiveByteSize | None = None
     level: Literal["fail", "warn"] = Field("fail", description="what crossing the bound gives")
     by_gpus: dict[Annotated[int, Field(ge=1)], CountBound] | None = Field(
         None, description="bounds per GPU count of the measurement, e.g. {2: {min: 305}, 4: {min: 330}}"

@@ -9,7 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from gpuval.config import Number
+
+# What one timing may be asked for at most: more is a typo that would run for hours, not a measurement
+MAX_CALLS = 10_000  # warm-up calls, timed windows or blocks, ops per block
+MAX_SECONDS = 3600.0  # seconds of warm-up or of timed windows
 
 
 def measure(
@@ -22,7 +28,7 @@ def measure(
     before_each: Callable[[], None] | None = None,
     warmup_s: float = 0.0,
     min_time_s: float = 0.0,
-    max_repeats: int = 10_000,
+    max_repeats: int = MAX_CALLS,
 ) -> list[float]:
     """Seconds per call of `fn`, one value per window of `inner` back-to-back calls.
 
@@ -106,11 +112,15 @@ class TimedOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    warmup: int = Field(3, ge=0, description="untimed calls first")
-    repeats: int = Field(10, ge=1, description="timed windows at least; the median window is reported")
-    warmup_s: float = Field(0.1, ge=0, description="seconds of warm-up at least (clocks settle under load)")
-    min_time_s: float = Field(0.2, ge=0, description="seconds of timed windows at least")
-    window_s: float = Field(
+    warmup: StrictInt = Field(3, ge=0, le=MAX_CALLS, description="untimed calls first")
+    repeats: StrictInt = Field(
+        10, ge=1, le=MAX_CALLS, description="timed windows at least; the median window is reported"
+    )
+    warmup_s: Number = Field(
+        0.1, ge=0, le=MAX_SECONDS, description="seconds of warm-up at least (clocks settle under load)"
+    )
+    min_time_s: Number = Field(0.2, ge=0, le=MAX_SECONDS, description="seconds of timed windows at least")
+    window_s: Number = Field(
         0.02, ge=0, le=10, description="seconds of back-to-back calls per timed window (0: one call each)"
     )
 

@@ -13,14 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, StrictInt
 
 from gpuval.bench._pairs import run_pairs
+from gpuval.bench._sweep import SizeSweep, sweep_sizes
 from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
-from gpuval.config import ByteSize
+from gpuval.config import PositiveByteSize
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
-from gpuval.timing import measure
+from gpuval.timing import MAX_CALLS, measure
 
 # Largest integer each dtype holds exactly: sums of the fill pattern stay below it, so equality is exact.
 _EXACT_LIMIT = {"float32": 2**24, "bfloat16": 2**8, "float16": 2**11}
@@ -200,18 +201,14 @@ def exact_count(size_bytes: int, element_size: int, n: int) -> int:
     return max(n, count - count % n)
 
 
-class CollectiveOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    ops: list[OpName] = Field(default_factory=lambda: list(ALL_OPS), description="the collectives to run")
-    min_bytes: ByteSize = Field(description="smallest S")
-    max_bytes: ByteSize = Field(description="largest S")
-    step_factor: int = Field(2, ge=2, description="S grows by this factor (nccl-tests -f)")
-    extra_sizes: list[ByteSize] = Field(default_factory=list, description="sizes measured besides the sweep")
+class CollectiveOptions(SizeSweep):
+    ops: list[OpName] = Field(
+        default_factory=lambda: list(ALL_OPS), min_length=1, description="the collectives to run"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="type (nccl-tests -d)")
-    warmup: int = Field(5, ge=0, description="untimed ops first (nccl-tests -w)")
-    iters: int = Field(20, ge=1, description="ops per timed block (nccl-tests -n)")
-    repeats: int = Field(5, ge=1, description="timed blocks; the median is reported")
+    warmup: StrictInt = Field(5, ge=0, le=MAX_CALLS, description="untimed ops first (nccl-tests -w)")
+    iters: StrictInt = Field(20, ge=1, le=MAX_CALLS, description="ops per timed block (nccl-tests -n)")
+    repeats: StrictInt = Field(5, ge=1, le=MAX_CALLS, description="timed blocks; the median is reported")
     scope: Literal["world", "node", "pairs"] = Field(
         "world",
         description="'node': each node runs alone (NVLink only); 'pairs': every pair of nodes, round by "
@@ -221,9 +218,9 @@ class CollectiveOptions(BaseModel):
         False, description="scope 'world' on three or more nodes: then run scope 'pairs' too (accept sets it)"
     )
     pair_ops: list[OpName] = Field(
-        default_factory=lambda: ["all_reduce"], description="ops scope 'pairs' runs"
+        default_factory=lambda: ["all_reduce"], min_length=1, description="ops scope 'pairs' runs"
     )
-    pair_bytes: ByteSize = Field(
+    pair_bytes: PositiveByteSize = Field(
         2**30, description="S of scope 'pairs': large, where busbw is the links' rate"
     )
     cuda_graph: bool = Field(
@@ -250,15 +247,6 @@ def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
         "repeats": 3,
         "pair_bytes": 2**22,
     }
-
-
-def sweep_sizes(options: CollectiveOptions) -> list[int]:
-    sizes = set(options.extra_sizes)
-    size = options.min_bytes
-    while size <= options.max_bytes:
-        sizes.add(size)
-        size *= options.step_factor
-    return sorted(sizes)
 
 
 # Pessimistic rates for the phase's deadline (gpuval.deadline), keyed by "on a GPU": seconds per call (launch,

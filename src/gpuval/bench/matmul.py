@@ -8,11 +8,11 @@ add per term). Inputs are random normal values: zero-filled inputs run faster an
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, StrictInt
 
-from gpuval.bench.registry import Benchmark, Context, register
+from gpuval.bench.registry import Benchmark, BenchmarkSkipped, Context, register
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
 from gpuval.timing import CPU_TIMING, TimedOptions, expected_timed_s, measure_with
@@ -38,10 +38,18 @@ _CPU_SHAPES = [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024)]
 _CPU_SHAPES_QUICK = [(256, 256, 256), (512, 512, 512)]
 
 
+# A side of a multiplied matrix: at least 1; past 2**20 it is a typo, not a shape anyone times
+Dim = Annotated[StrictInt, Field(ge=1, le=2**20)]
+Shape = tuple[Dim, Dim, Dim]
+
+
 class MatmulOptions(TimedOptions):
-    dtypes: list[Dtype] = Field(description="precisions measured, of bf16, fp16, fp8, tf32, fp32")
-    shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for bf16/fp16/fp8")
-    slow_shapes: list[tuple[int, int, int]] = Field(description="(m, n, k) for tf32/fp32")
+    # none of them empty: an empty list measures nothing and would print an empty table
+    dtypes: list[Dtype] = Field(
+        min_length=1, description="precisions measured, of bf16, fp16, fp8, tf32, fp32"
+    )
+    shapes: list[Shape] = Field(min_length=1, description="(m, n, k) for bf16/fp16/fp8")
+    slow_shapes: list[Shape] = Field(min_length=1, description="(m, n, k) for tf32/fp32")
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:
@@ -174,6 +182,10 @@ def run_matmul(ctx: Context, options: MatmulOptions) -> list[Measurement]:
                 if rate > best.get(dtype, 0.0):
                     best[dtype], best_shape[dtype] = rate, [m, n, k]
                 del product
+    if not sweep:  # every dtype asked for was left out above: an empty table is no measurement
+        raise BenchmarkSkipped(
+            f"none of dtypes {options.dtypes} runs here (fp8: compute capability 8.9+, tf32: a GPU)"
+        )
     if on_gpu:
         import torch
 

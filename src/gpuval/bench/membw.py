@@ -19,8 +19,9 @@ from gpuval.timing import CPU_TIMING, TimedOptions, Windows, expected_timed_s, m
 
 
 class MembwOptions(TimedOptions):
-    device_bytes: ByteSize = Field(description="buffer size for device copy/read/write")
-    host_bytes: ByteSize = Field(description="pinned host buffer for host<->device copies")
+    # at least one float32 each: a smaller buffer holds no element, and its 0 bytes would read as 0 TB/s
+    device_bytes: ByteSize = Field(ge=4, description="buffer size for device copy/read/write")
+    host_bytes: ByteSize = Field(ge=4, description="pinned host buffer for host<->device copies")
     host_all_at_once: bool = Field(
         False,
         description="host<->device copies on every GPU of a node at once (the host's aggregate) instead "

@@ -19,7 +19,8 @@ from gpuval.timing import TimedOptions, expected_timed_s, measure_with
 
 
 class P2POptions(TimedOptions):
-    bytes: ByteSize = Field(description="buffer copied per pair")
+    # at least one float32: a smaller buffer holds no element and would time an empty copy
+    bytes: ByteSize = Field(ge=4, description="buffer copied per pair")
 
 
 def _defaults(quick: bool, on_gpu: bool) -> dict[str, Any]:

@@ -38,14 +38,17 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from gpuval import jsonl
 from gpuval.bench.registry import Benchmark, Context, register
+from gpuval.config import Number
 from gpuval.deadline import FIRST_STEP_S
 from gpuval.errors import RunError
 from gpuval.finetune.config import ExperimentalSettings, LoraSettings, ShardingSettings, StepSettings
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement
+from gpuval.timing import MAX_CALLS
 
 RECORD_SEED = 5  # synthetic data: the same records on every rank and in every run
 
@@ -64,17 +67,21 @@ class TrainBenchOptions(BaseModel):
 
     model: str = Field(description="model folder, hub name, or shape ('qwen2-7b-shape': random weights)")
     tokenizer: str | None = Field("tiny", description="tokenizer (a shape has none; tiny ids fit any vocab)")
-    seq_len: int = Field(ge=16, description="tokens per sequence")
+    # The upper bounds are far past any measurement (hours of steps, a million-token sequence): a larger
+    # value is a typo that would run for days or fail allocating, not a step to time.
+    seq_len: StrictInt = Field(ge=16, le=2**20, description="tokens per sequence")
     mode: Literal["packed", "fixed"] = Field("packed", description="packed documents or one per sequence")
-    records: int = Field(ge=1, description="synthetic conversations to draw sequences from")
-    steps: int = Field(ge=1, description="timed optimizer steps")
-    untimed_steps: int = Field(
-        ge=0, description="untimed steps first (allocator, kernels, autotuning); not a learning-rate warm-up"
+    records: StrictInt = Field(ge=1, le=10**6, description="synthetic conversations to draw sequences from")
+    steps: StrictInt = Field(ge=1, le=MAX_CALLS, description="timed optimizer steps")
+    untimed_steps: StrictInt = Field(
+        ge=0,
+        le=MAX_CALLS,
+        description="untimed steps first (allocator, kernels, autotuning); not a learning-rate warm-up",
     )
-    micro_batch_size: int = Field(1, ge=1, description="sequences per forward per GPU")
-    grad_accum_steps: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    lr: float = Field(
-        1e-4, gt=0, description="constant; large enough that a few steps visibly lower the loss"
+    micro_batch_size: StrictInt = Field(1, ge=1, le=1024, description="sequences per forward per GPU")
+    grad_accum_steps: StrictInt = Field(1, ge=1, le=1024, description="micro-batches per optimizer step")
+    lr: Number = Field(
+        1e-4, gt=0, le=1, description="constant; large enough that a few steps visibly lower the loss"
     )
     dtype: Literal["bfloat16", "float32"] = Field(description="base weights (bf16 on GPU)")
     parallel: Literal["ddp", "fsdp", "deepspeed"] = Field(
@@ -186,8 +193,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
     ctx.progress("train: synthetic data")
     with _scratch() as folder:
         data = Path(folder) / "train.jsonl"
-        lines = (json.dumps(c, ensure_ascii=False) + "\n" for c in synthetic_conversations(options))
-        data.write_text("".join(lines), encoding="utf-8")
+        data.write_text(jsonl.dump_lines(synthetic_conversations(options)), encoding="utf-8")
         cfg = finetune_config_from_dict(
             {
                 "model": options.model,

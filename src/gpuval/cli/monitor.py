@@ -17,6 +17,9 @@ from gpuval.errors import EXIT_PASS
 if TYPE_CHECKING:
     from rich.console import Console
 
+# --interval at most a day: past it (inf, 1e308) the sleep between readings overflows or never ends
+MAX_INTERVAL_S = 86400.0
+
 
 @exits
 def monitor(
@@ -30,7 +33,8 @@ def monitor(
         bool, typer.Option("--json", help="JSON: one object (--once) or one line per reading")
     ] = False,
     interval: Annotated[
-        float, typer.Option(metavar="SECONDS", help="seconds between readings", min=0.1)
+        float,
+        typer.Option(metavar="SECONDS", help="seconds between readings", min=0.1, max=MAX_INTERVAL_S),
     ] = 1.0,
     count: Annotated[
         int | None, typer.Option(metavar="N", help="stop after this many readings", min=1)

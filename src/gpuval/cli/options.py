@@ -75,11 +75,16 @@ SetOption = Annotated[
 
 # One option object per meaning: typer reads annotations when it builds the commands, and a second
 # `--nproc` annotation of the same name once replaced accept's and bench's help with the fine-tune's.
+# At least one rank, at most MAX_NPROC (far past any node's GPUs): a larger count is a typo that would start
+# that many processes
+MAX_NPROC = 1024
 NprocOption = Annotated[
     int | None,
     typer.Option(
         "--nproc",
         metavar="N",
+        min=1,
+        max=MAX_NPROC,
         help="local ranks when not started by torchrun/srun (default: one per GPU; 2 on a machine without "
         "NVIDIA GPUs; 1 where CUDA cannot use the GPUs there)",
     ),
@@ -89,6 +94,8 @@ FinetuneNprocOption = Annotated[
     typer.Option(
         "--nproc",
         metavar="N",
+        min=1,
+        max=MAX_NPROC,
         help="local ranks when not started by torchrun (default: one per GPU, 1 on a CPU)",
     ),
 ]

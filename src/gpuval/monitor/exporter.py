@@ -158,7 +158,8 @@ def parse_address(text: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or 'PORT' (these two on 127.0.0.1); '[::1]:9400' for IPv6."""
     host, _, port = text.strip().rpartition(":")
     host = host.removeprefix("[").removesuffix("]") or DEFAULT_HOST
-    if not port.isdigit() or int(port) > 65535:
+    # ASCII digits only: str.isdigit() also takes '²' and other digits int() refuses
+    if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
         raise UsageError(
             f"--prometheus '{text}': expected HOST:PORT, :PORT or PORT, e.g. 9400 (127.0.0.1 only) "
             "or 0.0.0.0:9400 (every interface)"
@@ -192,11 +193,12 @@ class MetricsServer:
             self._server = self._loop.run_until_complete(
                 asyncio.start_server(self._client, host, port, backlog=LISTEN_BACKLOG, limit=MAX_REQUEST_HEAD)
             )
-        except OSError as exc:
+        # UnicodeError: a host name that IDNA cannot encode ('..', a label past 63 characters)
+        except (OSError, UnicodeError) as exc:
             self._loop.close()
             self._pool.shutdown(wait=False)
             raise UsageError(
-                f"--prometheus {host}:{port}: cannot listen there: {exc.strerror or exc}; "
+                f"--prometheus {host}:{port}: cannot listen there: {getattr(exc, 'strerror', None) or exc}; "
                 "choose another HOST:PORT"
             ) from None
         self.server_address = self._server.sockets[0].getsockname()
