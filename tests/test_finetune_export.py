@@ -226,14 +226,18 @@ def test_save_tokenizer_writes_the_training_template_and_leaves_the_tokenizer_al
 
 
 def fake_adapter(folder: Path, base: str) -> Path:
-    """An adapter folder with a readable (empty) weights file, for the refusals that come before loading."""
+    """A rank-1 LoRA adapter folder on one module, as PEFT writes one, for the refusals that come before
+    loading (it passes gpuval.finetune.adapter_check)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
+    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 2, "target_modules": ["q_proj"]}
     (folder / "adapter_config.json").write_text(
-        json.dumps({"base_model_name_or_path": base}), encoding="utf-8"
+        json.dumps({**config, "base_model_name_or_path": base}), encoding="utf-8"
     )
-    save_file({}, str(folder / "adapter_model.safetensors"))
+    module = "base_model.model.model.layers.0.self_attn.q_proj"
+    weights = {f"{module}.lora_A.weight": torch.zeros(1, 192), f"{module}.lora_B.weight": torch.zeros(192, 1)}
+    save_file(weights, str(folder / "adapter_model.safetensors"))
     return folder
 
 
@@ -262,14 +266,15 @@ def test_bad_export_input_is_one_line_exit_2_and_writes_nothing(tmp_path, gpuval
 
 
 @pytest.mark.slow
-def test_a_merge_that_fails_midway_leaves_no_folder(run, tmp_path, gpuval):
-    # A base of another width: PEFT refuses the adapter after the temp folder exists.
+def test_a_merge_onto_another_base_is_one_line_and_leaves_no_folder(run, tmp_path, gpuval):
+    # A base of another width: refused before a model loads (adapter_check.check_fits), with no loading bar
+    # or warning of the libraries before the line.
     other = tmp_path / "other-base"
     other.mkdir()
     config = json.loads((TINY_MODEL_DIR / "config.json").read_text(encoding="utf-8"))
     (other / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}), encoding="utf-8")
     result = gpuval(["finetune", "export", "--merge", str(run), "out", "--base", str(other)], tmp_path)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("gpuval: export: adapter '") and "does not fit base model" in last, last
+    assert result.returncode == 2 and not result.stdout, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("gpuval: export: adapter '") and "does not fit base model" in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other-base"]  # no DIR, no temp folder

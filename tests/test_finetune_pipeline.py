@@ -16,7 +16,8 @@ import torch  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all, functions_named  # noqa: E402
-from gpuval.finetune.evaluate import generate, read_split  # noqa: E402
+from gpuval.finetune.eval_inputs import read_eval_split  # noqa: E402
+from gpuval.finetune.evaluate import generate  # noqa: E402
 from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
 from gpuval.finetune.pipeline import eval_splits, holdout_records  # noqa: E402
 from gpuval.finetune.scoring import split_target  # noqa: E402
@@ -82,7 +83,7 @@ def test_a_split_line_that_is_not_json_names_the_file_and_line(tmp_path):
     path.write_text(json.dumps(prepared(1, seed=2)[0]) + "\n{oops\n", encoding="utf-8")
     for limit in (None, 1):  # a broken file is an error even where the limit would not reach the line
         with pytest.raises(UsageError, match=r"eval split '.*eval\.jsonl' line 2: not JSON"):
-            read_split(path, limit)
+            read_eval_split(path, limit)
 
 
 def test_a_shape_without_tokenizer_and_an_unknown_shape_are_one_line_errors(tmp_path):

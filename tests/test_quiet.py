@@ -6,6 +6,8 @@ import logging
 import subprocess
 import sys
 
+from gpuval.quiet import _LOGGERS
+
 
 def test_warnings_and_library_logging_land_in_the_file_not_on_stderr(tmp_path):
     script = (
@@ -61,15 +63,7 @@ def test_a_second_call_moves_the_output_without_doubling_it(tmp_path):
         assert (tmp_path / "b" / "third_party.log").read_text(encoding="utf-8").count("once") == 1
     finally:
         logging.captureWarnings(False)
-        for name in (
-            "py.warnings",
-            "transformers",
-            "huggingface_hub",
-            "peft",
-            "accelerate",
-            "datasets",
-            "torch",
-        ):
+        for name in _LOGGERS:
             logger = logging.getLogger(name)
             for handler in [h for h in logger.handlers if h.get_name() == "gpuval-third-party"]:
                 logger.removeHandler(handler)

@@ -9,22 +9,34 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
-@contextmanager
-def folders_undone_on_failure(directory: str | os.PathLike[str]) -> Iterator[None]:
-    """Around code that creates `directory` (and its missing parents) and then uses it: if the block fails,
-    the folders it created are removed again, deepest first, so a refused path (one the OS finds too long
-    only once its parents exist) leaves nothing behind. Folders that existed before stay."""
+def missing_folders(directory: str | os.PathLike[str]) -> list[Path]:
+    """`directory` and those of its parents that do not exist yet, deepest first: what
+    `mkdir(parents=True)` would create, and what a failed command then removes (remove_empty_folders)."""
     missing = []
     for folder in (Path(directory), *Path(directory).parents):
         if os.path.lexists(folder):  # False also where the OS refuses the name
             break
         missing.append(folder)
+    return missing
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove those of `folders` (deepest first, as missing_folders lists them) that are empty."""
+    for folder in folders:
+        with suppress(OSError):  # never made (a parent may have been), or written to meanwhile: kept
+            folder.rmdir()
+
+
+@contextmanager
+def folders_undone_on_failure(directory: str | os.PathLike[str]) -> Iterator[None]:
+    """Around code that creates `directory` (and its missing parents) and then uses it: if the block fails,
+    the folders it created are removed again, deepest first, so a refused path (one the OS finds too long
+    only once its parents exist) leaves nothing behind. Folders that existed before stay."""
+    missing = missing_folders(directory)
     try:
         yield
     except BaseException:
-        for folder in missing:
-            with suppress(OSError):  # not created, or no longer empty: leave it
-                folder.rmdir()
+        remove_empty_folders(missing)
         raise
 
 

@@ -20,7 +20,16 @@ from types import ModuleType
 from typing import Any
 
 LOG_NAME = "third_party.log"
-_LOGGERS = ("py.warnings", "transformers", "huggingface_hub", "peft", "accelerate", "datasets", "torch")
+_LOGGERS = (
+    "py.warnings",
+    "transformers",
+    "huggingface_hub",
+    "peft",
+    "accelerate",
+    "datasets",
+    "torch",
+    "DeepSpeed",
+)
 
 
 def log_path(folder: Path, rank: int) -> Path:
@@ -75,14 +84,21 @@ def route_third_party_output(folder: str | Path, rank: int = 0) -> Path:
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     if "huggingface_hub" in sys.modules:
         _hub_bars_off()
-    # transformers' own stderr handler: removed now where transformers is loaded, else right after it
-    # loads. Importing it here would cost every accept and bench rank about a second of CPU for a library
-    # that only the train benchmark and the fine-tune load.
-    if "transformers.utils.logging" in sys.modules:
-        _transformers_quiet()
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("transformers.utils.logging", _transformers_quiet))
+    # transformers' own stderr handler and DeepSpeed's stdout one (accelerate imports deepspeed where it is
+    # installed, and a merged export's save asks it for the accelerator): removed now where the library is
+    # loaded, else right after it loads. Importing them here would cost every accept and bench rank about
+    # a second of CPU for libraries that only the train benchmark and the fine-tune load.
+    _after_import("transformers.utils.logging", _transformers_quiet)
+    _after_import("deepspeed.utils.logging", _deepspeed_quiet)
     return path
+
+
+def _after_import(name: str, then: Callable[[], None]) -> None:
+    """`then()` now where the module `name` is loaded, else once it is (once, however often asked)."""
+    if name in sys.modules:
+        then()
+    elif not any(isinstance(finder, _AfterImport) and finder.name == name for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 def _hub_bars_off() -> None:
@@ -99,6 +115,12 @@ def _transformers_quiet() -> None:
 
     hf_logging.disable_default_handler()
     hf_logging.disable_progress_bar()
+
+
+def _deepspeed_quiet() -> None:
+    logger = logging.getLogger("DeepSpeed")
+    for handler in [h for h in logger.handlers if h.get_name() != "gpuval-third-party"]:
+        logger.removeHandler(handler)  # its console handler; gpuval's file handler stays
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -173,12 +173,17 @@ def _finetune(
     adapter: Path | None = None,
 ) -> int:
     """The fine-tune steps asked for, on every rank of one process group (rank 0 alone makes data)."""
+    from gpuval.atomic import ensure_writable_dir, missing_folders, remove_empty_folders
     from gpuval.finetune.config import load_finetune_config
 
     cfg = load_finetune_config(config, sets)  # a bad config is exit 2 before any rank starts
-    if is_first_rank():  # every step writes there (data, adapter, eval.json): say it now
-        from gpuval.atomic import ensure_writable_dir
+    inputs = None
+    if evaluate and not train:  # a bad adapter or split too, before anything is made or loaded
+        from gpuval.finetune.pipeline import eval_inputs
 
+        inputs = eval_inputs(cfg, adapter)
+    made = missing_folders(cfg.output)  # a failed command takes away the folders it made
+    if is_first_rank():  # every step writes there (data, adapter, eval.json): say it now
         ensure_writable_dir(Path(cfg.output))
     # One trainer per output folder: a second one is exit 2. The process that starts the run holds the lock
     # (gpuval's launcher, not its ranks; rank 0 under torchrun/srun) until the run ends or it dies.
@@ -219,7 +224,7 @@ def _finetune(
             if evaluate:
                 from gpuval.report.finetune import eval_table
 
-                document = run_eval(cfg, runtime, adapter)
+                document = run_eval(cfg, runtime, adapter, inputs)
                 if document is not None:
                     console.print(eval_table(document))
                     say(f"wrote {Path(cfg.output) / 'eval.json'}")
@@ -227,13 +232,17 @@ def _finetune(
 
     # one rank per GPU; one process on a CPU (ranks there would share its few cores)
     ranks = nproc if nproc is not None else launch.default_nproc(cpu_ranks=1)
+    code = None
     try:
-        return launch.run_distributed(ranks, work)
+        code = launch.run_distributed(ranks, work)
+        return code
     finally:
         if locked:
             from gpuval.finetune.lock import unlock_output
 
             unlock_output(cfg.output)
+        if code != EXIT_PASS:  # an error, or an exception on its way out (Ctrl-C)
+            remove_empty_folders(made)
 
 
 @finetune_app.command("export", cls=Command)
@@ -256,8 +265,11 @@ def finetune_export(
     ] = None,
 ) -> int:
     """A servable folder: the adapter with its tokenizer and tool chat template, or the merged model."""
-    from gpuval.finetune.export import export
+    from gpuval.finetune.export import export, find_adapter, log_folder
+    from gpuval.quiet import route_third_party_output
 
+    # transformers' loading bars and PEFT's warnings: to the log, whether the export succeeds or not
+    route_third_party_output(log_folder(find_adapter(source).folder))
     adapter, base_model = export(source, target, merge=merge, dtype=dtype, base=base)
     what = f"adapter '{adapter}'"
     if merge:

@@ -66,7 +66,7 @@ def prepare(
 ) -> dict[str, Any]:
     """Convert, split and write; returns the stats written to DIR/stats.json. `input_format` is "auto"
     (detect_format), "glaive" or "openai"."""
-    from gpuval.atomic import ensure_writable_dir, write_text_atomic
+    from gpuval.atomic import ensure_writable_dir, missing_folders, remove_empty_folders
 
     unseen_fraction = eval_fraction if unseen_fraction is None else unseen_fraction
     for flag, value in (("--eval-fraction", eval_fraction), ("--unseen-fraction", unseen_fraction)):
@@ -74,11 +74,28 @@ def prepare(
             raise UsageError(f"{flag} {value} is outside [0, 1)")
     records = read_source(source)  # before creating the output directory: a bad input leaves nothing
     fmt = choose_format(source, records, input_format)
-    created = _missing_folders(output)
+    created = missing_folders(output)
     ensure_writable_dir(output)
+    try:
+        return _convert_and_write(source, output, records, fmt, seed, eval_fraction, unseen_fraction)
+    except BaseException:
+        remove_empty_folders(created)  # nothing written (every file or none): leave no trace of this run
+        raise
+
+
+def _convert_and_write(
+    source: str,
+    output: Path,
+    records: list[SourceRecord],
+    fmt: str,
+    seed: int,
+    eval_fraction: float,
+    unseen_fraction: float,
+) -> dict[str, Any]:
+    from gpuval.atomic import write_texts_atomic
+
     kept, skipped = convert_all(records, fmt)
     if not any(functions_called(conversation) for conversation in kept):
-        _remove_empty_folders(created)  # nothing to train on: leave no trace of this run in DIR
         raise UsageError(_nothing_usable(source, records, fmt, kept, skipped))
     unseen_functions = choose_unseen_functions(kept, unseen_fraction, seed)
     splits = split_records(kept, unseen_functions, eval_fraction, seed)
@@ -98,9 +115,16 @@ def prepare(
         "excluded_mixed": len(kept) - sum(len(splits[name]) for name in SPLITS),
         "unseen_functions": sorted(unseen_functions),
     }
-    for name in SPLITS:
-        write_text_atomic(output / f"{name}.jsonl", jsonl.dump_lines(splits[name]))
-    write_text_atomic(output / "stats.json", json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
+    texts = {output / f"{name}.jsonl": jsonl.dump_lines(splits[name]) for name in SPLITS}
+    texts[output / "stats.json"] = json.dumps(stats, indent=2, ensure_ascii=False) + "\n"
+    try:
+        write_texts_atomic(texts)  # every file or none: a failed write leaves DIR as it was
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else output
+        raise UsageError(
+            f"prepared data: cannot write '{where}' ({exc.strerror or exc}); free some space or choose "
+            "another output folder"
+        ) from None
     return stats
 
 
@@ -285,25 +309,6 @@ def _nothing_usable(
 
 def _records(count: int) -> str:
     return "1 record" if count == 1 else f"{count} records"
-
-
-def _missing_folders(path: Path) -> list[Path]:
-    """`path` and those of its parents that do not exist yet, deepest first: what ensure_writable_dir
-    creates."""
-    missing = []
-    for folder in (path, *path.parents):
-        if folder.exists() or folder.is_symlink():
-            break
-        missing.append(folder)
-    return missing
-
-
-def _remove_empty_folders(folders: list[Path]) -> None:
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:  # something else was written there meanwhile: not ours to remove
-            return
 
 
 def functions_named(conversation: dict[str, Any]) -> set[str]:

@@ -14,31 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpuval.finetune.data import read_jsonl
 from gpuval.finetune.scoring import examples_from_records, score, split_target
 from gpuval.finetune.template import IM_END, render_prompt
 
 EVAL_SCHEMA = "gpuval.finetune.eval/v1"
 HEADLINE = "exact_call_accuracy"
-
-
-def read_split(path: str | Path, limit: int | None) -> list[dict[str, Any]]:
-    """The first `limit` records of a prepared JSONL split that have an assistant turn to predict."""
-    records = []
-    for _line, record in read_jsonl(path, "eval split"):
-        try:
-            split_target(record)
-        except (ValueError, AttributeError):
-            continue  # nothing to predict (no assistant turn): not an example
-        records.append(record)
-        if limit is not None and len(records) >= limit:
-            break
-    return records
 
 
 def stop_token_ids(tokenizer: Any, model: Any) -> list[int]:

@@ -14,74 +14,65 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpuval.atomic import fsync_dir, fsync_tree
+from gpuval.atomic import fsync_dir, fsync_tree, missing_folders, remove_empty_folders
 from gpuval.errors import UsageError, first_line
+from gpuval.finetune.adapter_check import ADAPTER_CONFIG, BASE_KEY, Adapter, check_adapter, check_fits
 from gpuval.finetune.checkpoint import FINAL_ADAPTER, save_tokenizer
 from gpuval.finetune.model import TOKENIZER_FILES, load_model, load_tokenizer, resolve_model
 
-ADAPTER_CONFIG = "adapter_config.json"  # what makes a folder a PEFT adapter
-ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's file name; gpuval saves safetensors only
-BASE_KEY = "base_model_name_or_path"  # where PEFT records the model the adapter was trained on
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def find_adapter(source: Path) -> Path:
-    """`source` itself when it is a PEFT adapter folder, else a fine-tune run folder's OUTPUT/adapter."""
+def find_adapter(source: Path) -> Adapter:
+    """`source` itself when it is a PEFT adapter folder, else a fine-tune run folder's OUTPUT/adapter;
+    checked (adapter_check.py) before anything loads."""
     if not source.exists():
         raise UsageError(
             f"export: '{source}' does not exist; pass a fine-tune run folder or its adapter folder"
         )
     for candidate in (source, source / FINAL_ADAPTER):
-        if (candidate / ADAPTER_CONFIG).is_file():
-            check_adapter_weights(candidate)
-            return candidate
+        if os.path.lexists(candidate / ADAPTER_CONFIG):  # a config that is no file is refused by the check
+            return check_adapter(candidate, "export")
     raise UsageError(
         f"export: '{source}' is not a PEFT adapter folder (no {ADAPTER_CONFIG}) nor a fine-tune run folder "
         f"holding one in {FINAL_ADAPTER}/"
     )
 
 
-def check_adapter_weights(adapter: Path) -> None:
-    """The weights file is there and its header reads: a broken one is refused before a model loads."""
-    from safetensors import safe_open
-
-    path = adapter / ADAPTER_WEIGHTS
-    if not path.is_file():
-        raise UsageError(f"export: adapter folder '{adapter}' has no {ADAPTER_WEIGHTS}")
-    try:
-        with safe_open(str(path), framework="pt"):
-            pass
-    except Exception as exc:  # noqa: BLE001 - SafetensorError, OSError: any unreadable file is refused
-        raise UsageError(f"export: adapter weights '{path}' cannot be read ({first_line(exc)})") from None
-
-
-def base_model_of(adapter: Path) -> str:
+def base_model_of(adapter: Adapter) -> str:
     """The base model recorded in the adapter's config (a folder or a hub name)."""
-    from gpuval.inputs import decode_json, read_input_text  # the input gate: regular file, UTF-8, bounded
-
-    path = adapter / ADAPTER_CONFIG
-    try:
-        config = decode_json(read_input_text(path, "adapter config"))
-    except ValueError as exc:
-        raise UsageError(f"export: adapter config '{path}' is not JSON ({exc})") from None
-    base = config.get(BASE_KEY) if isinstance(config, dict) else None
-    if not isinstance(base, str) or not base:
+    base = adapter.config.get(BASE_KEY)
+    if not base:
+        path = adapter.folder / ADAPTER_CONFIG
         raise UsageError(f"export: adapter config '{path}' names no base model ({BASE_KEY}); pass --base")
     return base
 
 
+def log_folder(adapter: Path) -> Path:
+    """Where export's third_party.log goes: beside the adapter folder (in a run folder, the run's own log),
+    or the temp folder where that is read-only."""
+    folder = adapter.parent
+    return folder if os.access(folder, os.W_OK) else Path(tempfile.gettempdir())
+
+
 def check_target(target: Path, adapter: Path) -> None:
-    """DIR must be new (or an empty folder), and not inside the adapter it is made from."""
+    """DIR must be new (or an empty folder), not inside the adapter it is made from, and not under a file."""
     if target.exists() and not (target.is_dir() and not any(target.iterdir())):
         raise UsageError(f"export: '{target}' already exists and is not an empty folder; choose a new DIR")
     if target.resolve().is_relative_to(adapter.resolve()):
         raise UsageError(
             f"export: '{target}' lies inside the adapter folder '{adapter}'; choose a DIR outside it"
+        )
+    above = next(folder for folder in target.parents if os.path.lexists(folder))  # "." or "/" at the latest
+    if not above.is_dir():
+        raise UsageError(
+            f"export: '{target}' lies under '{above}', which is not a folder; choose another DIR"
         )
 
 
@@ -96,30 +87,41 @@ def export(
     """
     if dtype not in DTYPES:
         raise UsageError(f"export: dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    adapter = find_adapter(source)
+    checked = find_adapter(source)
+    adapter = checked.folder
     check_target(target, adapter)
     if base is None:
-        base = base_model_of(adapter)
+        base = base_model_of(checked)
         try:
             resolve_model(base)  # a run folder moved to another machine names a base that is not there
         except UsageError as exc:
             raise UsageError(f"export: the base model of adapter '{adapter}': {exc}; pass --base") from None
+    if merge:
+        check_fits(checked, base, "export")
     temp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     shutil.rmtree(temp, ignore_errors=True)
+    made = missing_folders(target.parent)  # a failed export takes away the folders it made for DIR
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp.mkdir()  # an unwritable place is refused here, before a model loads
         if merge:
-            temp.mkdir(parents=True)
             write_merged(adapter, base, DTYPES[dtype], temp)
         else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(adapter, temp)
+            shutil.copytree(adapter, temp, dirs_exist_ok=True)
             if not has_tokenizer(adapter):
                 save_tokenizer(servable_tokenizer(adapter, base), temp)
         fsync_tree(temp)
         os.replace(temp, target)  # rename(2) replaces an empty folder, never a full one
         fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(temp, ignore_errors=True)
+        remove_empty_folders(made)
+        if isinstance(exc, OSError):  # the adapter's files were all checked readable: writing failed
+            where = exc.filename if exc.filename is not None else target
+            raise UsageError(
+                f"export: cannot write '{where}' ({exc.strerror or first_line(exc)}); "
+                "choose a DIR in a writable folder with room"
+            ) from None
         raise
     return adapter, base
 

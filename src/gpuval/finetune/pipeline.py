@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuval import jsonl
-from gpuval.errors import UsageError
+from gpuval.errors import UsageError, first_line
 from gpuval.finetune.config import FinetuneConfig
 
 EVAL_JSON = "eval.json"
@@ -102,34 +104,74 @@ def eval_splits(cfg: FinetuneConfig) -> dict[str, str]:
     return splits
 
 
-def run_eval(cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = None) -> dict[str, Any] | None:
-    """Load base + adapter, generate and score every split; rank 0 writes eval.json and the predictions
-    and returns the result (other ranks return None)."""
-    import torch
+@dataclass(frozen=True)
+class EvalInputs:
+    """What `finetune eval` reads, checked: the adapter, the splits' records, the tokenizer."""
 
-    from gpuval.atomic import write_text_atomic
-    from gpuval.finetune.evaluate import evaluate, read_split
-    from gpuval.finetune.model import load_model, load_tokenizer
+    adapter: Path
+    splits: dict[str, str]  # split name -> its file
+    records: dict[str, list[dict[str, Any]]]
+    too_long: dict[str, list[int]]  # split name -> lines left out: prompts past the model's context
+    tokenizer: Any
+    fit: Any  # eval_inputs.PromptFit
+
+
+def eval_inputs(cfg: FinetuneConfig, adapter: str | Path | None = None) -> EvalInputs:
+    """The adapter (checked, adapter_check.py) and every split's records (checked, eval_inputs.py), read
+    before any model loads: bad input is refused in seconds and before the output folder is made."""
+    from gpuval.finetune.adapter_check import ADAPTER_CONFIG, check_adapter, check_fits
+    from gpuval.finetune.eval_inputs import PromptFit, model_context, read_eval_split
+    from gpuval.finetune.model import load_tokenizer
 
     adapter_dir = Path(adapter) if adapter else Path(cfg.output) / "adapter"
-    if not (adapter_dir / "adapter_config.json").is_file():
+    if not os.path.lexists(adapter_dir / ADAPTER_CONFIG):
         raise UsageError(
-            f"adapter '{adapter_dir}' not found (no adapter_config.json); train first or pass --adapter"
+            f"adapter '{adapter_dir}' not found (no {ADAPTER_CONFIG}); train first or pass --adapter"
         )
+    check_fits(check_adapter(adapter_dir), cfg.model)
     splits = eval_splits(cfg)
     if not splits:
         raise UsageError("no evaluation split: set data.eval or eval.splits in the config")
-    records = {name: read_split(path, cfg.eval.max_examples) for name, path in splits.items()}
-    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     tokenizer = load_tokenizer(cfg.tokenizer_source)
+    fit = PromptFit(tokenizer, model_context(cfg.model), cfg.eval.max_new_tokens)
+    records, too_long = {}, {}
+    for name, path in splits.items():
+        records[name], too_long[name] = read_eval_split(path, cfg.eval.max_examples, fit)
+    return EvalInputs(adapter_dir, splits, records, too_long, tokenizer, fit)
+
+
+def run_eval(
+    cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = None, inputs: EvalInputs | None = None
+) -> dict[str, Any] | None:
+    """Load base + adapter, generate and score every split; rank 0 writes eval.json and the predictions
+    and returns the result (other ranks return None). `inputs`: eval_inputs' answer, when already read."""
+    import torch
+
+    from gpuval.atomic import write_text_atomic
+    from gpuval.finetune.evaluate import evaluate
+    from gpuval.finetune.model import load_model
+
+    inputs = inputs or eval_inputs(cfg, adapter)
+    adapter_dir, splits, records = inputs.adapter, inputs.splits, inputs.records
+    log = print if runtime.is_main else (lambda *_a, **_k: None)
+    for name, lines in inputs.too_long.items():
+        if lines:
+            log(inputs.fit.note(name, lines))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[cfg.dtype]
     from peft import PeftModel
 
-    model = PeftModel.from_pretrained(load_model(cfg.model, dtype, device=runtime.device), str(adapter_dir))
+    base = load_model(cfg.model, dtype, device=runtime.device)
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter_dir))
+    except Exception as exc:  # noqa: BLE001 - layers or widths that differ: PEFT raises many kinds
+        raise UsageError(
+            f"adapter '{adapter_dir}' does not fit model '{cfg.model}' ({first_line(exc)}); evaluate it on "
+            "the model it was trained on"
+        ) from None
     model.to(runtime.device)
-    log = print if runtime.is_main else (lambda *_a, **_k: None)
     result = evaluate(
         model,
-        tokenizer,
+        inputs.tokenizer,
         records,
         runtime,
         batch_size=cfg.eval.batch_size,
@@ -149,6 +191,7 @@ def run_eval(cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = Non
         "split_files": splits,
         "settings": cfg.eval.model_dump(),
         "world_size": runtime.world_size,
+        "prompts_too_long": inputs.too_long,  # lines left out of the scores (eval_inputs.PromptFit)
         **result,
     }
     output = Path(cfg.output)
