@@ -323,12 +323,22 @@ def write_error_reports(
 
 
 def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
-    """The result with its drift checks against the node's past runs added, and the verdict again."""
+    """The result with its drift checks against the node's past runs added, and the verdict again.
+
+    A history file that is not gpuval's (another program's, other columns, NULLs, corrupt pages) never
+    gets here: `accept` refuses it before any work, in one line, exit 2 (history.open_history). One that
+    turns bad during the run (another program wrote it, the disk failed) gives one ERROR check `drift`
+    with that line instead: the run's measurements are kept in result.json, and its verdict says the run
+    could not be judged in full, as when the run cannot be recorded there (write_reports)."""
     if history is None:
         return result
+    from gpuval.errors import UsageError
     from gpuval.history import drift_checks
 
-    drift = drift_checks(history, result, settings)
+    try:
+        drift = drift_checks(history, result, settings)
+    except UsageError as exc:
+        drift = [Check(name="drift", status=Status.ERROR, detail=str(exc))]
     if not drift:
         return result
     arrived = arrivals_of([result.inventory.get("arrived_processes")])

@@ -18,6 +18,9 @@ A check scoped to one GPU ('gpu:n1/3') is also keyed by that GPU's UUID, read fr
 (each node's `gpus[]` index and uuid): a GPU moved to another slot or node keeps its history, and a new
 GPU in the same slot starts its own. A check with no UUID known (a cluster, node or link check, a CPU
 rank, an inventory without UUIDs, every row of a schema-1 file) is keyed by node and scope, as before.
+
+The file itself (its schema, migrating an older one, refusing one gpuval did not write) is
+gpuval.history_db's: every reader here reads through it and checks each row it reads.
 """
 
 from __future__ import annotations
@@ -25,45 +28,18 @@ from __future__ import annotations
 import os
 import sqlite3
 import statistics
-from contextlib import closing, nullcontext, suppress
+from contextlib import closing, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpuval import derived, metrics
-from gpuval.atomic import folders_undone_on_failure
 from gpuval.errors import UsageError
+from gpuval.history_db import as_written, check_every_row, connect, reading
 from gpuval.results import Check, Result, Status
 from gpuval.scope import Scope, node_of
 from gpuval.units import format_number
 
-# PRAGMA user_version. 1 (a file from before versions: user_version 0): values keyed by node and scope;
-# 2: values_.gpu_uuid added, NULL on every older row (those stay keyed by node and scope).
-SCHEMA_VERSION = 2
-TABLES = (
-    """CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY,
-        started_at TEXT NOT NULL,
-        profile TEXT NOT NULL,
-        verdict TEXT NOT NULL,
-        nodes TEXT NOT NULL,
-        gpuval_version TEXT NOT NULL,
-        command TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS values_ (
-        run_id INTEGER NOT NULL REFERENCES runs(id),
-        node TEXT NOT NULL,
-        name TEXT NOT NULL,
-        scope TEXT NOT NULL,
-        value REAL NOT NULL,
-        unit TEXT NOT NULL,
-        gpu_uuid TEXT
-    )""",
-)
-INDEXES = (
-    "CREATE INDEX IF NOT EXISTS values_by_check ON values_(node, name, scope)",
-    "CREATE INDEX IF NOT EXISTS values_by_gpu ON values_(gpu_uuid, name)",
-)
 # the last runs of one check, newest first: of one GPU (by UUID), or of one node and scope
 _PAST = (
     "SELECT v.value FROM values_ v JOIN runs r ON r.id = v.run_id WHERE {subject} AND v.name = ? "
@@ -83,72 +59,20 @@ def history_path_from(option: str | None) -> Path | None:
     return Path(base) / "gpuval" / "history.sqlite"
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    try:
-        with folders_undone_on_failure(path.parent):  # a refused path leaves no folder behind
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with suppress(FileNotFoundError):  # sqlite says only "unable to open": the OS says why
-                path.stat()
-            connection = sqlite3.connect(path, timeout=30)
-    except (OSError, sqlite3.Error) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UsageError(f"history database {path}: {reason}: pass --history PATH (or none)") from None
-    try:
-        _migrate(connection, path)
-    except sqlite3.Error as exc:
-        connection.close()
-        raise UsageError(f"history database {path}: {exc}: pass --history PATH (or none)") from None
-    except BaseException:
-        connection.close()
-        raise
-    return connection
-
-
-def _version(db: sqlite3.Connection, path: Path) -> int:
-    version = int(db.execute("PRAGMA user_version").fetchone()[0])
-    if version > SCHEMA_VERSION:
-        raise UsageError(
-            f"history database {path} has schema {version}, newer than this gpuval's {SCHEMA_VERSION}: "
-            "upgrade gpuval or pass --history PATH"
-        )
-    return version
-
-
-def _migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring the database to SCHEMA_VERSION in one transaction, keeping every row: create what is
-    missing, and give a schema-1 file its gpu_uuid column (NULL: its rows stay keyed by node and scope)."""
-    if _version(db, path) == SCHEMA_VERSION:
-        return
-    db.execute("BEGIN IMMEDIATE")  # one writer migrates; another waits, then finds it done
-    try:
-        if _version(db, path) < SCHEMA_VERSION:
-            for statement in TABLES:
-                db.execute(statement)
-            if "gpu_uuid" not in {column[1] for column in db.execute("PRAGMA table_info(values_)")}:
-                db.execute("ALTER TABLE values_ ADD COLUMN gpu_uuid TEXT")
-            for statement in INDEXES:
-                db.execute(statement)
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        db.commit()
-    except BaseException:
-        db.rollback()
-        raise
-
-
 def open_history(path: Path) -> None:
-    """Create the database (and its folder) if needed, and prove a run can be recorded there: a row is
-    written and rolled back, so a read-only file, a folder where SQLite cannot create its journal, or a
-    file that is not SQLite is a UsageError naming the path before any work, not a traceback after it."""
-    with closing(_connect(path)) as db:
-        try:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(
-                "INSERT INTO runs (started_at, profile, verdict, nodes, gpuval_version, command) "
-                "VALUES ('', '', '', '', '', '')"
-            )
-            db.rollback()
-        except sqlite3.Error as exc:
-            raise UsageError(f"history database {path}: {exc}: pass --history PATH (or none)") from None
+    """Create the database (and its folder) if needed, prove that what it holds is gpuval's (its tables,
+    every page readable, every row of the types gpuval writes) and that a run can be recorded there: a
+    row is written and rolled back. So a read-only file, a folder where SQLite cannot create its journal,
+    a file that is not SQLite or not gpuval's is a UsageError naming the path before any work, not a
+    traceback or a half-judged run after it."""
+    with reading(path) as db:
+        check_every_row(db, path)
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(
+            "INSERT INTO runs (started_at, profile, verdict, nodes, gpuval_version, command) "
+            "VALUES ('', '', '', '', '', '')"
+        )
+        db.rollback()
 
 
 def _owner(scope: str, group: str) -> str:
@@ -207,15 +131,20 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
     group, uuids = _group(result), gpu_uuids(result)
     judged = [check for check in _judged(result) if derived.of_check(check.name) is None]
     checks, too_few = [], []
-    with closing(_connect(path)) if path.exists() else nullcontext() as db:
+    with reading(path) if path.exists() else nullcontext() as db:
         for check in judged:
             node, uuid = _owner(check.scope, group), uuids.get(check.scope)
             subject = (uuid,) if uuid else (node, check.scope)
             rows = (
-                db.execute(
-                    _PAST.format(subject=_BY_GPU if uuid else _BY_SCOPE),
-                    (*subject, check.name, result.profile, settings.window),
-                ).fetchall()
+                as_written(
+                    path,
+                    "values_",
+                    ("value",),
+                    db.execute(
+                        _PAST.format(subject=_BY_GPU if uuid else _BY_SCOPE),
+                        (*subject, check.name, result.profile, settings.window),
+                    ),
+                )
                 if db is not None
                 else []
             )
@@ -283,7 +212,7 @@ def record(path: Path, result: Result) -> int:
     import json
 
     group, uuids = _group(result), gpu_uuids(result)
-    with closing(_connect(path)) as db, db:
+    with closing(connect(path)) as db, db:
         cursor = db.execute(
             "INSERT INTO runs (started_at, profile, verdict, nodes, gpuval_version, command) "
             "VALUES (?,?,?,?,?,?)",
@@ -318,16 +247,19 @@ def record(path: Path, result: Result) -> int:
 def recorded_runs(path: Path, result: Result) -> tuple[str, int]:
     """The node (or node group, 'n1+n2') of `result` and how many runs of it the history holds."""
     group = _group(result)
-    with closing(_connect(path)) as db:
+    with reading(path) as db:
         (count,) = db.execute("SELECT COUNT(*) FROM runs WHERE nodes = ?", (group,)).fetchone()
     return group, int(count)
 
 
 def runs(path: Path, node: str | None = None, last: int = 20) -> list[dict[str, Any]]:
-    """The latest runs (newest first), of one node (or node group containing it) when `node` is given."""
+    """The latest runs (newest first), of one node (or node group containing it) when `node` is given.
+    What `gpuval history` reads first: the whole file is checked as accept checks it (open_history), so
+    a file accept refuses is refused here too, whichever of its rows the listing shows."""
     if not path.exists():
         raise UsageError(f"no history at {path}: gpuval accept records there (or pass --history PATH)")
-    with closing(_connect(path)) as db:
+    with reading(path) as db:
+        check_every_row(db, path)
         rows = db.execute(
             "SELECT id, started_at, profile, verdict, nodes FROM runs ORDER BY started_at DESC, id DESC"
         ).fetchall()
@@ -365,14 +297,19 @@ def trends(path: Path, node: str, last: int = 10) -> list[dict[str, Any]]:
     A GPU's check is one series per GPU (UUID), with its values from every slot and node it was in, shown
     under the node and scope it was last measured in (a GPU since moved to another node is that node's);
     any other check is one series per scope."""
-    with closing(_connect(path)) as db:
-        rows = db.execute(
-            "SELECT v.name, v.scope, v.node, v.gpu_uuid, v.value, v.unit FROM values_ v "
-            "JOIN runs r ON r.id = v.run_id WHERE v.node = ? OR r.nodes = ? OR v.gpu_uuid IN "
-            "(SELECT gpu_uuid FROM values_ WHERE node = ? AND gpu_uuid IS NOT NULL) "
-            "ORDER BY r.started_at, r.id",
-            (node, node, node),
-        ).fetchall()
+    with reading(path) as db:
+        rows = as_written(
+            path,
+            "values_",
+            ("name", "scope", "node", "gpu_uuid", "value", "unit"),
+            db.execute(
+                "SELECT v.name, v.scope, v.node, v.gpu_uuid, v.value, v.unit FROM values_ v "
+                "JOIN runs r ON r.id = v.run_id WHERE v.node = ? OR r.nodes = ? OR v.gpu_uuid IN "
+                "(SELECT gpu_uuid FROM values_ WHERE node = ? AND gpu_uuid IS NOT NULL) "
+                "ORDER BY r.started_at, r.id",
+                (node, node, node),
+            ),
+        )
     series: dict[tuple[str, str, str], dict[str, Any]] = {}
     for name, scope, owner, uuid, value, unit in rows:
         item = series.setdefault((name, uuid or "", "" if uuid else scope), {"values": []})

@@ -168,11 +168,15 @@ def accept(
             if history_path is not None:  # a database in the home folder nobody asked for: say where
                 from gpuval.history import recorded_runs
 
-                nodes, count = recorded_runs(history_path, result)
-                runs = f"{count} run" if count == 1 else f"{count} runs"
-                of = f"nodes {nodes}" if "+" in nodes else f"node {nodes}"
-                where = home_short(history_path)  # soft-wrapped: a long path stays one piece to copy
-                say(f"history: {runs} of {of} in {where} (gpuval history)", style="dim", soft_wrap=True)
+                try:
+                    nodes, count = recorded_runs(history_path, result)
+                except GpuvalError:  # it went bad during the run: the result's ERROR checks say so
+                    pass
+                else:
+                    runs = f"{count} run" if count == 1 else f"{count} runs"
+                    of = f"nodes {nodes}" if "+" in nodes else f"node {nodes}"
+                    where = home_short(history_path)  # soft-wrapped: a long path stays one piece to copy
+                    say(f"history: {runs} of {of} in {where} (gpuval history)", style="dim", soft_wrap=True)
         return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(result.verdict.value, EXIT_ERROR)
 
     # The process the user started (or rank 0 under torchrun/srun) writes the textfile once the run ended,

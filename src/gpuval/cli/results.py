@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 import typer
 
 from gpuval.cli.options import Command, Group, HistoryOption, console, exits, output_file, say
-from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError
+from gpuval.errors import EXIT_FAIL, EXIT_PASS, UsageError, one_line
 
 profiles_app = typer.Typer(
     cls=Group,
@@ -258,6 +258,7 @@ def compare(
     from gpuval.report.compare import compare as compare_results
     from gpuval.report.compare import lost_metrics, summarize, to_json
     from gpuval.report.console import print_comparison
+    from gpuval.report.limits import cut
     from gpuval.results import load_result
 
     earlier, later = load_result(before), load_result(after)
@@ -292,9 +293,11 @@ def compare(
     first = worse[0]
     key = (first.name, first.scope, first.identity, first.worse[0])  # its headline, when that got worse
     row = next(r for r in rows if (r.name, r.scope, r.identity, r.metric) == key)
+    # names from the file: one line, cut to a cell's length (--json shows them in full)
+    example = one_line(cut(f"{row.name} {row.scope} {row.identity} {row.metric}"))
     say(
         f"gpuval: {len(worse)} measurement(s) regressed more than {fail_on_regression:g} %, e.g. "
-        f"{row.name} {row.scope} {row.identity} {row.metric}: {row.before:.4g} → {row.after:.4g}",
+        f"{example}: {row.before:.4g} → {row.after:.4g}",
         err=True,
         soft_wrap=True,
     )

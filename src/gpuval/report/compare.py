@@ -11,17 +11,19 @@ A measurement is matched by its name, scope and identity parameters (a collectiv
 training run's model, mode and sequence length), not by how it was run (iterations, kernels, CUDA graph),
 so a tuning change compares against the run before it. The identity parameters, whether higher is better
 and whether a metric is compared at all come from its declaration (gpuval.metrics); an undeclared metric
-is shown and never judged.
+is shown and never judged. The declarations are read once per comparison (_Declared): gpuval.metrics
+reads them afresh on every lookup, which a 1,000-node result's 200,000 lookups would make a minute.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpuval import metrics
+from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.results import Measurement, Result
 from gpuval.units import format_bytes
 
@@ -54,8 +56,25 @@ class Summary:
     better: tuple[str, ...]  # ... and those that got better beyond it
 
 
-def _identity(measurement: Measurement) -> str:
-    keys = metrics.identity(measurement.name)
+@dataclass
+class _Declared:
+    """The measurement declarations as they are now (gpuval.metrics.declared), and each metric looked up
+    in them once."""
+
+    by_name: dict[str, MeasurementDecl] = field(default_factory=metrics.declared)
+    found: dict[tuple[str, str], Metric | None] = field(default_factory=dict)
+
+    def metric(self, name: str, key: str) -> Metric | None:
+        """metrics.find(name, key)."""
+        if (name, key) not in self.found:
+            decl = self.by_name.get(name)
+            self.found[(name, key)] = decl.find(key) if decl is not None else None
+        return self.found[(name, key)]
+
+
+def _identity(measurement: Measurement, declared: _Declared) -> str:
+    decl = declared.by_name.get(measurement.name)
+    keys = decl.identity if decl is not None else None
     if keys is None:  # a measurement nothing declares: every plain parameter identifies it
         keys = tuple(k for k, v in sorted(measurement.params.items()) if isinstance(v, (str, int, float)))
     shown = {k: measurement.params[k] for k in keys if k in measurement.params}
@@ -64,13 +83,13 @@ def _identity(measurement: Measurement) -> str:
     return " ".join(f"{key}={value}" for key, value in shown.items())
 
 
-def _index(result: Result) -> dict[tuple[str, str, str, str], float]:
+def _index(result: Result, declared: _Declared) -> dict[tuple[str, str, str, str], float]:
     values = {}
     for m in result.measurements:
-        identity = _identity(m)
+        identity = _identity(m, declared)
         for metric, value in m.metrics.items():
-            declared = metrics.find(m.name, metric)
-            if value is not None and (declared is None or declared.compared):
+            found = declared.metric(m.name, metric)
+            if value is not None and (found is None or found.compared):
                 values[(m.name, m.scope, identity, metric)] = float(value)
     return values
 
@@ -78,7 +97,8 @@ def _index(result: Result) -> dict[tuple[str, str, str, str], float]:
 def compare(before: Result, after: Result) -> tuple[list[Row], dict[str, int]]:
     """Rows for every metric of the measurements both results have, and how many measurements only one
     result has (`only_before`, `only_after`)."""
-    a, b = _index(before), _index(after)
+    declared = _Declared()
+    a, b = _index(before, declared), _index(after, declared)
     measured_a, measured_b = {key[:3] for key in a}, {key[:3] for key in b}
     rows = []
     for key in a:  # in the earlier result's order, so a sweep stays ordered by size
@@ -87,7 +107,8 @@ def compare(before: Result, after: Result) -> tuple[list[Row], dict[str, int]]:
         name, scope, identity, metric = key
         old, new = a[key], b[key]
         change = (new - old) / abs(old) * 100 if old else (0.0 if new == old else None)
-        sign = metrics.direction(name, metric)
+        found = declared.metric(name, metric)
+        sign = found.direction if found is not None else 0
         better = None if sign == 0 or new == old else (new - old) * sign > 0
         rows.append(Row(name, scope, identity, metric, old, new, change, better))
     return rows, {"only_before": len(measured_a - measured_b), "only_after": len(measured_b - measured_a)}
@@ -96,7 +117,8 @@ def compare(before: Result, after: Result) -> tuple[list[Row], dict[str, int]]:
 def lost_metrics(before: Result, after: Result) -> int:
     """Compared metrics of a measurement both results have that only the earlier one has a value of (a
     metric that became null, a NaN when measured, is lost, not unchanged)."""
-    a, b = _index(before), _index(after)
+    declared = _Declared()
+    a, b = _index(before, declared), _index(after, declared)
     measured_b = {key[:3] for key in b}
     return sum(key[:3] in measured_b for key in a.keys() - b.keys())
 
@@ -111,10 +133,10 @@ def regressions(rows: list[Row], threshold_pct: float) -> list[Row]:
     return [row for row in rows if row.better is False and _beyond(row, threshold_pct)]
 
 
-def _headline(name: str, rows: list[Row]) -> Row:
+def _headline(name: str, rows: list[Row], declared: _Declared) -> Row:
     """The row of the measurement's headline metric: the first of its declaration's headline_keys it
     has (a key may be a '*' family), else its first compared metric."""
-    decl = metrics.measurement(name)
+    decl = declared.by_name.get(name)
     for pattern in decl.headline_keys() if decl else []:
         for row in rows:
             if fnmatch.fnmatchcase(row.metric, pattern):
@@ -127,9 +149,9 @@ def summarize(rows: list[Row], threshold_pct: float) -> list[Summary]:
     groups: dict[tuple[str, str, str], list[Row]] = {}
     for row in rows:
         groups.setdefault((row.name, row.scope, row.identity), []).append(row)
-    summaries = []
+    summaries, declared = [], _Declared()
     for (name, scope, identity), group in groups.items():
-        head = _headline(name, group)
+        head = _headline(name, group, declared)
         ordered = sorted(group, key=lambda r: r is not head)  # the headline first, then as measured
         worse = tuple(r.metric for r in ordered if r.better is False and _beyond(r, threshold_pct))
         better = tuple(r.metric for r in ordered if r.better is True and _beyond(r, threshold_pct))

@@ -289,46 +289,59 @@ def print_comparison(
 ) -> None:
     """`gpuval compare`: a row per measurement both runs share (report.compare's summaries) with its
     headline metric in A and B, the change and the measurement's verdict, green when better and red when
-    worse; with `every`, a row per compared metric (report.compare's rows). Then the totals."""
-    from gpuval.report.compare import totals
+    worse; with `every`, a row per compared metric (report.compare's rows). Then the totals.
 
-    table = Table(title=escape(f"gpuval compare · A {before} → B {after}"), title_justify="left")
+    Past MAX_ROWS rows (a 1,000-node run has ~75,000 measurements) the worse are shown first, then the
+    better, then the unchanged, and a line counts the rest: `--json` lists every one."""
+    from gpuval.report.compare import totals
+    from gpuval.report.limits import MAX_ROWS, cut, more
+
+    table = Table(title=escape(f"gpuval compare · A {cut(before)} → B {cut(after)}"), title_justify="left")
     for column in ("measurement", "scope", "which", "metric"):
         table.add_column(column, overflow="fold")
     for column in ("A", "B", "change"):
         table.add_column(column, justify="right", no_wrap=True)
     if every:
-        for row in rows:
+        listed, rank = rows, lambda row: {False: 0, True: 1}.get(row.better, 2)
+    else:
+        listed, rank = summaries, lambda summary: {"worse": 0, "better": 1}.get(summary.verdict, 2)
+    # past MAX_ROWS the worse first, then the better, then the rest (sorted keeps each in its order)
+    shown = listed if len(listed) <= MAX_ROWS else sorted(listed, key=rank)[:MAX_ROWS]
+    if every:
+        for row in shown:
             style = {True: "green", False: "red", None: "dim"}[row.better]
             change = f"{row.change_pct:+.1f} %" if row.change_pct is not None else "new from 0"
             table.add_row(
-                escape(row.name),
-                escape(row.scope),
-                escape(row.identity),
-                escape(row.metric),
+                escape(cut(row.name)),
+                escape(cut(row.scope)),
+                escape(cut(row.identity)),
+                escape(cut(row.metric)),
                 f"{row.before:.4g}",
                 f"{row.after:.4g}",
                 f"[{style}]{row.after - row.before:+.4g} ({change})[/]",
             )
     else:
         table.add_column("verdict", overflow="fold")
-        for summary in summaries:
+        for summary in shown:
             style = {"better": "green", "worse": "red", "same": "dim"}[summary.verdict]
             change = f"{summary.change_pct:+.1f} %" if summary.change_pct is not None else "new from 0"
             # a measurement worse on another metric than the one shown says which
             hidden = summary.worse and summary.metric not in summary.worse
             verdict = f"worse: {', '.join(summary.worse)}" if hidden else summary.verdict
             table.add_row(
-                escape(summary.name),
-                escape(summary.scope),
-                escape(summary.identity),
-                escape(summary.metric),
+                escape(cut(summary.name)),
+                escape(cut(summary.scope)),
+                escape(cut(summary.identity)),
+                escape(cut(summary.metric)),
                 f"{summary.before:.4g}",
                 f"{summary.after:.4g}",
                 f"[{style}]{change}[/]",
-                f"[{style}]{escape(verdict)}[/]",
+                f"[{style}]{escape(cut(verdict))}[/]",
             )
     console.print(table)
+    if len(shown) < len(listed):
+        noun = "metrics" if every else "measurements"
+        console.print(more(len(listed) - len(shown), noun, "gpuval compare --json lists every one"))
     if every:
         better = sum(row.better is True for row in rows)
         worse = sum(row.better is False for row in rows)
@@ -357,31 +370,35 @@ def print_history(
     console: Console,
 ) -> None:
     """`gpuval history`: the runs (history.runs) and the node's trend per check (history.trends), a GPU's
-    by its UUID (short form) and the node it was last measured on."""
+    by its UUID (short form) and the node it was last measured on. What the file holds is shown as text
+    (escaped, cut to a cell's length), at most MAX_ROWS trends: `--json` lists every one."""
     from gpuval.history import short_uuid
+    from gpuval.report.limits import MAX_ROWS, cut, more
 
     table = Table(title=escape(f"gpuval history · {path}"), title_justify="left")
     for column in ("run", "started", "profile", "verdict", "nodes"):
         table.add_column(column)
     for run in listed:
-        table.add_row(*(escape(str(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
+        table.add_row(*(escape(cut(run[key])) for key in ("id", "started_at", "profile", "verdict", "nodes")))
     console.print(table)
-    trend_table = Table(title=escape(f"trends · node {node} · last {last} runs"), title_justify="left")
+    trend_table = Table(title=escape(f"trends · node {cut(node)} · last {last} runs"), title_justify="left")
     gpus = any(item.get("gpu_uuid") for item in series)  # a gpu column where some GPU is known by UUID
     trend_table.add_column("check", no_wrap=True)
     trend_table.add_column("scope", no_wrap=True)
     for column in ("gpu",) * gpus + ("node", "values, oldest first", "median"):
         trend_table.add_column(column, overflow="fold")
     trend_table.add_column("latest vs median", justify="right")
-    for item in series:
+    for item in series[:MAX_ROWS]:
         change = item["latest_vs_median_pct"]
         trend_table.add_row(
-            escape(item["name"]),
-            escape(item["scope"]),
-            *((escape(short_uuid(item["gpu_uuid"])) if item.get("gpu_uuid") else "",) * gpus),
-            escape(item.get("node", "")),
+            escape(cut(item["name"])),
+            escape(cut(item["scope"])),
+            *((escape(cut(short_uuid(item["gpu_uuid"]))) if item.get("gpu_uuid") else "",) * gpus),
+            escape(cut(item.get("node", ""))),
             " ".join(format_number(v) for v in item["values"]),
-            f"{format_number(item['median'])} {item['unit']}".strip(),
+            escape(f"{format_number(item['median'])} {cut(item['unit'])}".strip()),
             "" if change is None else f"{change:+.1f} %",
         )
     console.print(trend_table)
+    if len(series) > MAX_ROWS:
+        console.print(more(len(series) - MAX_ROWS, "trends", "gpuval history --json lists every one"))

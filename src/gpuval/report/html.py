@@ -7,6 +7,9 @@ their median, the P2P bandwidth matrix, and training throughput with MFU.
 
 Which plot a measurement goes to is the view its declaration names, and what is drawn are its metrics
 declared `plot=True`, labelled with their declared description and unit (gpuval.metrics).
+
+A 1,000-node result renders in seconds: tables and plots are capped, long text is cut, and each cap says
+what it left out (gpuval.report.limits); result.json keeps every value.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import io
 import math
 import re
 import statistics
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,16 @@ from gpuval import metrics
 from gpuval.atomic import write_text_atomic
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.report.console import format_bound
+from gpuval.report.limits import (
+    MAX_BARS,
+    MAX_CELL_TEXT_GPUS,
+    MAX_DETAIL,
+    MAX_MATRICES,
+    MAX_ROWS,
+    capped,
+    cut,
+    more,
+)
 from gpuval.report.soak import soak_section
 from gpuval.results import Check, Measurement, Result, Status
 from gpuval.scope import node_of, place_of
@@ -82,7 +96,7 @@ def render_html(result: Result) -> str:
         _all_checks(result.checks),
         "</main>",
     ]
-    title = f"gpuval {result.verdict.value} · {result.profile} · {result.started_at}"
+    title = cut(f"gpuval {result.verdict.value} · {result.profile} · {result.started_at}")
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
@@ -130,40 +144,45 @@ def _banner(result: Result) -> str:
     summary = " · ".join(f"{counts[s]} {s.value}" for s in Status if counts[s])
     world = result.world
     line = (
-        f"profile {result.profile} · {world.size} ranks on {world.nodes} node(s) · {world.backend} · "
-        f"{result.started_at} · {result.duration_s:.1f} s · gpuval {result.gpuval_version}"
+        f"profile {cut(result.profile)} · {world.size} ranks on {world.nodes} node(s) · "
+        f"{cut(world.backend)} · {cut(result.started_at)} · {result.duration_s:.1f} s · "
+        f"gpuval {cut(result.gpuval_version)}"
     )
+    command = cut(" ".join(cut(word, MAX_DETAIL) for word in result.command[:100]), MAX_DETAIL)
     return (
         f'<header class="verdict" style="background:{_COLOURS[result.verdict]}">'
         f"<h1>{result.verdict.value}</h1><p>{html.escape(summary)}</p><p>{html.escape(line)}</p>"
-        f"<p><code>{html.escape(' '.join(result.command))}</code></p></header>"
+        f"<p><code>{html.escape(command)}</code></p></header>"
     )
 
 
 def _bound_cell(threshold: dict[str, Any]) -> str:
     """The bound and, below it, what stands behind it (its evidence; the profile's whole source on hover)."""
-    cell = html.escape(format_bound(threshold))
+    cell = html.escape(cut(format_bound(threshold)))
     said = threshold.get("evidence")
     if said:
-        source = html.escape(str(threshold.get("source") or said), quote=True)
-        cell += f'<br><span class="evidence" title="{source}">{html.escape(str(said))}</span>'
+        source = html.escape(cut(threshold.get("source") or said, MAX_DETAIL), quote=True)
+        cell += f'<br><span class="evidence" title="{source}">{html.escape(cut(said))}</span>'
     return cell
 
 
 def _check_rows(checks: list[Check], with_detail: bool) -> str:
+    """A row per check, worst first: past MAX_ROWS the rest (none worse than the last shown) are counted."""
+    shown, left_out = capped(sorted(checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)), MAX_ROWS)
     rows = []
-    for check in sorted(checks, key=lambda c: (_ORDER[c.status], c.name, c.scope)):
-        value = "" if check.value is None else f"{format_number(check.value)} {check.unit}".strip()
+    for check in shown:
+        value = "" if check.value is None else f"{format_number(check.value)} {cut(check.unit)}".strip()
         rows.append(
             f'<tr><td class="status" style="color:{_COLOURS[check.status]}">{check.status.value}</td>'
-            f"<td>{html.escape(check.name)}</td><td>{html.escape(check.scope)}</td>"
+            f"<td>{html.escape(cut(check.name))}</td><td>{html.escape(cut(check.scope))}</td>"
             f'<td class="num">{html.escape(value)}</td><td>{_bound_cell(check.threshold)}</td>'
-            + (f"<td>{html.escape(check.detail)}</td>" if with_detail else "")
+            + (f"<td>{html.escape(cut(check.detail, MAX_DETAIL))}</td>" if with_detail else "")
             + "</tr>"
         )
     head = "<th>status</th><th>check</th><th>scope</th><th>value</th><th>bound</th>"
     head += "<th>why / what to do</th>" if with_detail else ""
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    note = f"<p>{more(left_out, 'checks', 'result.json lists every one')}</p>" if left_out else ""
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>{note}"
 
 
 def _problems(checks: list[Check]) -> str:
@@ -184,8 +203,9 @@ def _inventory(result: Result) -> str:
     nodes = [node for node in result.inventory.get("nodes") or [] if isinstance(node, dict)]
     if not isinstance(result.inventory.get("nodes"), list) or not nodes:
         return '<h2 id="inventory">Nodes</h2><p>No inventory in this result.</p>'
+    shown, left_out = capped(nodes, MAX_ROWS)
     rows = []
-    for node in nodes:
+    for node in shown:
         software = _dict(node.get("software"))
         gpus = node.get("gpus") if isinstance(node.get("gpus"), list) else []
         names: dict[str, int] = defaultdict(int)
@@ -202,12 +222,16 @@ def _inventory(result: Result) -> str:
             software.get("torch") or "n/a",
             comm.get("profile") or "none",
         ]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+        rows.append("<tr>" + "".join(f"<td>{html.escape(cut(c))}</td>" for c in cells) + "</tr>")
     head = "".join(
         f"<th>{h}</th>" for h in ("node", "GPUs", "driver", "CUDA", "NCCL", "torch", "NCCL env profile")
     )
     body = "".join(rows)
-    return f'<h2 id="inventory">Nodes</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    note = f"<p>{more(left_out, 'nodes', 'result.json lists every one')}</p>" if left_out else ""
+    return (
+        f'<h2 id="inventory">Nodes ({len(nodes):,})</h2>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"
+    )
 
 
 # --- plots ---------------------------------------------------------------------------------------------
@@ -227,7 +251,10 @@ def _svg(figure: Any) -> str:
     import matplotlib
 
     buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "gpuval", "svg.fonttype": "none"}):
+    # matplotlib warns when a layout cannot fit (a long label): the plot is drawn as it can be, and the
+    # command's stderr stays for gpuval's own one line
+    with matplotlib.rc_context({"svg.hashsalt": "gpuval", "svg.fonttype": "none"}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
     text = re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)  # RDF naming the tool: not needed
@@ -235,8 +262,8 @@ def _svg(figure: Any) -> str:
 
 
 def _gpu_label(scope: str) -> str:
-    """'gpu:node1/3' -> 'node1/3'."""
-    return place_of(scope)
+    """'gpu:node1/3' -> 'node1/3', cut to a label's length."""
+    return cut(place_of(scope), 40)
 
 
 def _shown(view: str) -> list[tuple[MeasurementDecl, Metric]]:
@@ -295,10 +322,12 @@ def _per_gpu_plot(result: Result) -> str | None:
     figure = _figure(9, 2.6 * len(panels))
     axes_list = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
     for axes, (name, metric, label, values) in zip(axes_list, panels, strict=True):
-        labels = [v[0] for v in values]
         numbers = [v[1] for v in values]
         median = statistics.median(numbers)
-        axes.bar(labels, numbers, color="C0")
+        if len(values) > MAX_BARS:
+            _sorted_line(axes, values, metrics.direction(name, metric))
+        else:
+            axes.bar([v[0] for v in values], numbers, color="C0")
         axes.axhline(median, color="k", lw=1, label=f"median {median:.4g}")
         bound = _dict(thresholds.get(f"{name}.{metric}"))
         minimum = _number(bound.get("min"))
@@ -314,6 +343,18 @@ def _per_gpu_plot(result: Result) -> str | None:
         axes.legend(fontsize=8, loc="lower right")
         axes.tick_params(axis="x", labelsize=8)
     return _svg(figure)
+
+
+def _sorted_line(axes: Any, values: list[tuple[str, float]], direction: int) -> None:
+    """Many GPUs' values as one line, sorted from the worst (`direction` +1: higher is better), the three
+    worst named: thousands of labelled bars would take minutes to lay out and could not be read."""
+    ordered = sorted(values, key=lambda v: v[1] * (direction or 1))
+    axes.plot(
+        range(1, len(ordered) + 1), [v[1] for v in ordered], lw=1, color="C0"
+    )  # no markers: thousands take seconds
+    for rank, (label, number) in enumerate(ordered[:3], 1):
+        axes.annotate(label, (rank, number), fontsize=7, xytext=(4, 4 * rank), textcoords="offset points")
+    axes.set_xlabel(f"{len(values):,} GPUs, worst first", fontsize=8)
 
 
 def _p2p_plot(result: Result) -> str | None:
@@ -332,28 +373,42 @@ def _p2p_plot(result: Result) -> str | None:
         return None
     import numpy as np
 
-    figure = _figure(4.2 * len(by_node) + 1, 4)
-    axes_list = figure.subplots(1, len(by_node), squeeze=False)[0]
-    for axes, (node, pairs) in zip(axes_list, sorted(by_node.items()), strict=True):
+    # the nodes with the weakest link, worst first; by name where every node is drawn
+    drawn = sorted(by_node.items(), key=lambda item: (min(item[1].values()), item[0]))[:MAX_MATRICES]
+    if len(by_node) <= MAX_MATRICES:
+        drawn.sort()
+    figure = _figure(4.2 * len(drawn) + 1, 4)
+    axes_list = figure.subplots(1, len(drawn), squeeze=False)[0]
+    for axes, (node, pairs) in zip(axes_list, drawn, strict=True):
         gpus = sorted({g for pair in pairs for g in pair})
+        where = {gpu: position for position, gpu in enumerate(gpus)}
         matrix = np.full((len(gpus), len(gpus)), np.nan)
         for (src, dst), value in pairs.items():
-            matrix[gpus.index(src), gpus.index(dst)] = value
+            matrix[where[src], where[dst]] = value
         # from 0: a weak link stands out by how much it lacks, equal links look equal
         image = axes.imshow(matrix, cmap="viridis", vmin=0, vmax=np.nanmax(matrix))
-        for i in range(len(gpus)):
-            for j in range(len(gpus)):
-                if not np.isnan(matrix[i, j]):
-                    light = matrix[i, j] > 0.6 * np.nanmax(matrix)  # viridis turns yellow up there
-                    colour = "k" if light else "w"
-                    axes.text(j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", color=colour, fontsize=8)
-        axes.set_xticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
-        axes.set_yticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
+        if len(gpus) <= MAX_CELL_TEXT_GPUS:  # more cells than that are too small to write in
+            for i in range(len(gpus)):
+                for j in range(len(gpus)):
+                    if not np.isnan(matrix[i, j]):
+                        light = matrix[i, j] > 0.6 * np.nanmax(matrix)  # viridis turns yellow up there
+                        colour = "k" if light else "w"
+                        axes.text(
+                            j, i, f"{matrix[i, j]:.0f}", ha="center", va="center", color=colour, fontsize=8
+                        )
+            axes.set_xticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
+            axes.set_yticks(range(len(gpus)), [f"GPU{g}" for g in gpus])
         axes.set_xlabel("destination")
         axes.set_ylabel("source")
-        axes.set_title(node, fontsize=9)
-        figure.colorbar(image, ax=axes, label=" / ".join(sorted(units)))
-    return _svg(figure)
+        axes.set_title(cut(node, 40), fontsize=9)
+        figure.colorbar(image, ax=axes, label=cut(" / ".join(sorted(units))))
+    note = (
+        f"<p>The {len(drawn)} nodes with the weakest link, of {len(by_node):,}; "
+        f"{more(len(by_node) - len(drawn), 'nodes', 'result.json has every pair')}.</p>"
+        if len(by_node) > len(drawn)
+        else ""
+    )
+    return note + _svg(figure)
 
 
 def _is_index(value: Any) -> bool:
@@ -363,19 +418,20 @@ def _is_index(value: Any) -> bool:
 
 def _train_plot(result: Result) -> str | None:
     plotted = {decl.name: metric for decl, metric in _shown("throughput")}
-    runs: list[tuple[Measurement, str]] = [
+    measured: list[tuple[Measurement, str]] = [
         (m, plotted[m.name].key)
         for m in result.measurements
         if m.name in plotted and m.metrics.get(plotted[m.name].key)
     ]
-    if not runs:
+    if not measured:
         return None
+    runs, left_out = capped(measured, MAX_BARS)
     figure = _figure(7, 3.2)
     axes = figure.subplots()
     labels, values, low, high, mfu = [], [], [], [], []
     for m, key in runs:
         p = m.params
-        labels.append(f"{p.get('model', '?')} {p.get('mode', '')} ×{p.get('world_size', 1)}".strip())
+        labels.append(cut(f"{p.get('model', '?')} {p.get('mode', '')} ×{p.get('world_size', 1)}".strip(), 40))
         value = float(m.metrics[key])
         values.append(value)
         low.append(max(0.0, value - float(m.metrics.get(f"{key}_min") or value)))
@@ -386,4 +442,5 @@ def _train_plot(result: Result) -> str | None:
         text = f"MFU {share:.1f}%" if share is not None else "MFU n/a (CPU)"
         axes.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
     axes.set_ylabel(" / ".join(sorted({f"{plotted[m.name].description} (median, min-max)" for m, _ in runs})))
-    return _svg(figure)
+    note = f"<p>{more(left_out, 'training runs', 'result.json has every one')}</p>" if left_out else ""
+    return note + _svg(figure)
