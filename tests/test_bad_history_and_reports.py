@@ -16,6 +16,7 @@ import copy
 import functools
 import io
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -210,6 +211,26 @@ def test_the_history_command_says_one_line_and_exits_2(broken, tmp_path, monkeyp
     path = _broken_copy(tmp_path, change)
     code = assert_clean(invoke(["history", "--history", str(path)], tmp_path), {0, 2}, kind)
     assert code == 2 or kind not in STRUCTURAL, kind
+
+
+@pytest.mark.parametrize("where", ["SELECT", "TABLE"])
+def test_text_that_is_not_utf8_is_refused_naming_the_file(tmp_path, where):
+    """Garbled bytes where SQLite keeps text (a value, a table's name): found by the property above as an
+    internal UnicodeDecodeError; gpuval writes UTF-8 only, so the file is not one it wrote."""
+    path = tmp_path / "history.sqlite"
+    record(path, _run("2026-11-01T00:00:00+00:00"))
+    with closing(sqlite3.connect(path)) as db:
+        if where == "SELECT":
+            db.execute("UPDATE values_ SET unit = CAST(x'80ff' AS TEXT)")
+        else:
+            db.execute("CREATE TABLE t (a)")
+            db.execute("PRAGMA writable_schema = ON")
+            db.execute("UPDATE sqlite_master SET name = CAST(x'74ff' AS TEXT) WHERE name = 't'")
+        db.commit()
+    # a garbled value is met where it is read (the trends read units; the list of runs does not)
+    for work in (lambda: trends(path, "n1"), *((lambda: runs(path),) if where == "TABLE" else ())):
+        with pytest.raises(UsageError, match=f"{re.escape(str(path))}.*(UTF-8|not one gpuval wrote)"):
+            work()
 
 
 def test_a_unit_holding_markup_is_shown_as_text(tmp_path, monkeypatch):

@@ -182,6 +182,15 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
         raise
 
 
+# What a file that is not a sound gpuval database raises while it is read: SQLite's errors, and text that
+# is not UTF-8 (garbled bytes in a name or value: gpuval writes UTF-8 only)
+_FILE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
+
+def _reason(exc: Exception) -> str:
+    return "it holds text that is not UTF-8" if isinstance(exc, UnicodeDecodeError) else str(exc)
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """The database at `path` (made, with its folder, when missing), at gpuval's schema."""
     try:
@@ -195,9 +204,9 @@ def connect(path: Path) -> sqlite3.Connection:
         raise _refused(path, reason) from None
     try:
         _migrate(connection, path)
-    except sqlite3.Error as exc:
+    except _FILE_ERRORS as exc:
         connection.close()
-        raise _refused(path, str(exc)) from None
+        raise _refused(path, _reason(exc)) from None
     except BaseException:
         connection.close()
         raise
@@ -211,5 +220,5 @@ def reading(path: Path) -> Iterator[sqlite3.Connection]:
     with closing(connect(path)) as db:
         try:
             yield db
-        except sqlite3.Error as exc:
-            raise _refused(path, str(exc)) from None
+        except _FILE_ERRORS as exc:
+            raise _refused(path, _reason(exc)) from None
