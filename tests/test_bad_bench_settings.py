@@ -332,3 +332,21 @@ def test_as_a_child_process(args, fragment, tmp_path):
     assert fragment in proc.stderr, proc.stderr
     assert time.monotonic() - began < 20, "a refusal comes before any work"
     assert not any(tmp_path.iterdir()), "nothing written"
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["lora.alpha", "lora.dropout", "prepare.eval_fraction", "prepare.unseen_fraction", "train.optim.lr",
+     "train.optim.weight_decay", "train.optim.grad_clip"],
+)  # fmt: skip
+def test_a_boolean_is_no_number_in_a_finetune_config(field):
+    """The fine-tune config's floats (also the train benchmark's lora section) refuse true/false, which
+    pydantic's lax float reads as 1.0 or 0.0; a number written as text stays a number."""
+    from pathlib import Path
+
+    from gpuval.finetune.config import load_finetune_config
+
+    config = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+    with pytest.raises(UsageError, match=field.rsplit(".", 1)[1]):
+        load_finetune_config(config, [f"{field}=true"])
+    assert load_finetune_config(config, [f"{field}=0.0625"]) is not None

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from gpuval.config import apply_sets, read_yaml, validate_model
+from gpuval.config import Number, apply_sets, read_yaml, validate_model
 
 # Products of the frozen base weights (`train.step.precision`; finetune/fp8.py): the one list of them.
 Precision = Literal["bf16", "fp8-base"]
@@ -35,8 +35,8 @@ class _Strict(BaseModel):
 
 class LoraSettings(_Strict):
     rank: StrictInt = Field(64, ge=1, description="LoRA rank r")
-    alpha: float = Field(128.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank")
-    dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the adapter input")
+    alpha: Number = Field(128.0, gt=0, description="LoRA alpha; the update is scaled by alpha / rank")
+    dropout: Number = Field(0.05, ge=0, lt=1, description="dropout on the adapter input")
     target_modules: list[str] | Literal["all-linear"] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj"], description="linear module names, or 'all-linear'"
     )
@@ -71,8 +71,8 @@ class SynthSettings(_Strict):
 class PrepareSettings(_Strict):
     input: str = Field("{output}/synth/glaive.jsonl", description="Glaive file or datasets name")
     output: str = Field("{output}/data", description="folder for train/eval/eval_unseen.jsonl")
-    eval_fraction: float = Field(0.02, ge=0, lt=1, description="in-distribution eval share")
-    unseen_fraction: float | None = Field(None, ge=0, lt=1, description="unseen-function share")
+    eval_fraction: Number = Field(0.02, ge=0, lt=1, description="in-distribution eval share")
+    unseen_fraction: Number | None = Field(None, ge=0, lt=1, description="unseen-function share")
     seed: StrictInt = Field(0, description="seed of the splits")
 
 
@@ -98,12 +98,12 @@ class EvalSettings(_Strict):
 class OptimSettings(_Strict):
     """The optimizer and its schedule (finetune/optim.py)."""
 
-    lr: float = Field(
+    lr: Number = Field(
         2e-5, gt=0, le=1.0, description="peak learning rate, reached after warm-up (AdamW: above 1 diverges)"
     )
     warmup_steps: StrictInt = Field(10, ge=0, description="optimizer steps of linear warm-up from 0")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
-    grad_clip: float = Field(1.0, ge=0, description="max global grad norm (L2); 0 turns clipping off")
+    weight_decay: Number = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    grad_clip: Number = Field(1.0, ge=0, description="max global grad norm (L2); 0 turns clipping off")
 
 
 class SaveSettings(_Strict):
