@@ -256,3 +256,19 @@ def test_rename_names_refuses_pieces_it_cannot_make_names_from():
     record = next(r for r in synth_records(20, seed=3) if r["system"].startswith(SYSTEM_WITH_TOOLS))
     with pytest.raises(ValueError, match="word pieces"):
         rename_names(record, random.Random(0), ("ów", "12"))
+
+
+def test_rename_names_with_no_function_share_keeps_every_function_name():
+    """Parameters only (tools/tiny_model.py --rename-functions 0): the function names a base already
+    knows stay, every parameter gets a made-up name."""
+    pieces = ("bro", "cc", "ol", "sik", "vel", "tar", "mon")
+    seen = 0
+    for index, record in enumerate(synth_records(100, seed=4, values="train")):
+        before = convert_record(record)
+        after = convert_record(rename_names(record, random.Random(index), pieces, function_share=0.0))
+        assert [t["name"] for t in after["tools"]] == [t["name"] for t in before["tools"]]
+        for tool_old, tool_new in zip(before["tools"], after["tools"], strict=True):
+            old_props, new_props = tool_old["parameters"]["properties"], tool_new["parameters"]["properties"]
+            assert not set(new_props) & set(old_props)
+            seen += len(new_props)
+    assert seen > 50

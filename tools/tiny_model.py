@@ -157,7 +157,8 @@ PRETRAIN_LR = 3e-3
 PRETRAIN_WARMUP = 50
 
 
-Part = tuple[Values, int, int, int, float]  # values, seed, first and past-last record index, rename share
+Part = tuple[Values, int, int, int, float, float]
+# values, seed, first and past-last record index, rename share, share of renamed records' functions renamed
 
 
 def pretrain_plan(
@@ -165,20 +166,27 @@ def pretrain_plan(
     seed: int = PRETRAIN_SEED,
     pieces: tuple[str, ...] = (),
     rename_share: float = 0.0,
+    rename_functions: float = 0.5,
 ) -> list[Part]:
-    """The pretraining records as `(values, seed, start, stop, rename_share)` ranges of synth_record
-    indices: a quarter with train-part values, three quarters with made-up text values (catalogue.py,
-    "synthetic"; half of them built from word `pieces` when given) that can only be copied from the
-    request. Of the made-up part, `rename_share` of the records with functions get made-up function and
+    """The pretraining records as `(values, seed, start, stop, rename_share, rename_functions)` ranges
+    of synth_record indices: a quarter with train-part values, three quarters with made-up text values
+    (catalogue.py, "synthetic"; half of them built from word `pieces` when given) that can only be copied
+    from the request. Of the made-up part, `rename_share` of the records with functions get made-up
     parameter names (synth.rename_names, from the word pieces): names that can only be read from the
-    schema, as a fine-tuned model's call to a function it never saw must read them."""
+    schema, as a fine-tuned model's call to a function it never saw must read them; `rename_functions` of
+    those records' functions get a made-up name too (0: parameters only)."""
     made_up: Values = MadeUp(pieces) if pieces else "synthetic"
     if rename_share and not pieces:
         raise ValueError("made-up names are built from word pieces: pass --pieces too")
-    return [("train", seed, 0, n - n * 3 // 4, 0.0), (made_up, seed + 1, 0, n * 3 // 4, rename_share)]
+    return [
+        ("train", seed, 0, n - n * 3 // 4, 0.0, 0.0),
+        (made_up, seed + 1, 0, n * 3 // 4, rename_share, rename_functions),
+    ]
 
 
-def record_texts(values: Values, seed: int, start: int, stop: int, rename_share: float = 0.0) -> list[str]:
+def record_texts(
+    values: Values, seed: int, start: int, stop: int, rename_share: float = 0.0, rename_functions: float = 0.5
+) -> list[str]:
     """Records `start..stop` in Glaive's raw text format, plus the tool-free ones again in the Qwen chat
     template; `rename_share` of them with made-up names (pretrain_plan)."""
     import random
@@ -189,7 +197,7 @@ def record_texts(values: Values, seed: int, start: int, stop: int, rename_share:
         record = synth_record(seed, index, values)
         rng = random.Random(f"gpuval-rename:{seed}:{index}")
         if rename_share and isinstance(values, MadeUp) and rng.random() < rename_share:
-            record = rename_names(record, rng, values.pieces)
+            record = rename_names(record, rng, values.pieces, rename_functions)
         texts.append(f"{record['system']}\n\n{record['chat']}")
         example = convert_record(record)
         if not example["tools"]:
@@ -201,8 +209,8 @@ def record_texts(values: Values, seed: int, start: int, stop: int, rename_share:
 
 def _chunks(plan: list[Part], size: int) -> list[Part]:
     return [
-        (values, seed, at, min(at + size, stop), rename)
-        for values, seed, start, stop, rename in plan
+        (values, seed, at, min(at + size, stop), rename, functions)
+        for values, seed, start, stop, rename, functions in plan
         for at in range(start, stop, size)
     ]
 
@@ -232,6 +240,7 @@ def pretrain(
     seed: int = PRETRAIN_SEED,
     lr: float = PRETRAIN_LR,
     rename_share: float = 0.0,
+    rename_functions: float = 0.5,
 ) -> Path:
     """Full-parameter training of the tiny config on the replies of `pretrain_texts` (made-up values from
     word pieces too when `pieces`), saved as bf16 safetensors. `seed` draws the records, the initial
@@ -250,7 +259,8 @@ def pretrain(
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))
-    plan = pretrain_plan(records, seed, word_pieces(tokenizer) if pieces else (), rename_share)
+    made_up_pieces = word_pieces(tokenizer) if pieces else ()
+    plan = pretrain_plan(records, seed, made_up_pieces, rename_share, rename_functions)
     with multiprocessing.get_context("fork").Pool(
         min(16, os.cpu_count() or 1), _init_encoder, (str(output),)
     ) as workers:  # records are made, rendered and tokenized in the workers, in order
@@ -390,6 +400,12 @@ def main() -> None:
         default=0.0,
         help="of the made-up-value records with functions, the share with made-up names (needs --pieces)",
     )
+    parser.add_argument(
+        "--rename-functions",
+        type=float,
+        default=0.5,
+        help="of the renamed records' functions, the share renamed too (0: parameter names only)",
+    )
     args = parser.parse_args()
     write_tiny_model(args.output, args.hidden_size)
     print(
@@ -405,6 +421,7 @@ def main() -> None:
             seed=args.seed,
             lr=args.lr,
             rename_share=args.rename_share,
+            rename_functions=args.rename_functions,
         )
     )
 
