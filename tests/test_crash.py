@@ -38,11 +38,15 @@ def _crash(tmp_path: Path, where: str, nproc: int):
     return run_cli(args, cwd=tmp_path, env=env, timeout=120)
 
 
+def _gpuval_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("gpuval:")]
+
+
 def _assert_error_files(tmp_path: Path, proc, fragment: str) -> None:
     assert proc.returncode == 3, proc.stderr[-3000:]
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: internal error")]
+    lines = _gpuval_lines(proc)
     assert len(lines) == 1, proc.stderr[-3000:]
-    assert "TypeError" in lines[0] and fragment in lines[0]
+    assert "internal error, TypeError" in lines[0] and fragment in lines[0]
     assert "Traceback" not in proc.stderr
     kept = tmp_path / "out" / "gpuval-error.log"
     assert str(kept) in lines[0] or "gpuval-error.log" in lines[0]
@@ -72,11 +76,64 @@ def test_an_unforeseen_error_in_another_rank_is_exit_3_in_one_line(tmp_path: Pat
     proc = _crash(tmp_path, "rank1", nproc=2)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    internal = [line for line in proc.stderr.splitlines() if line.startswith("gpuval: internal error")]
-    assert len(internal) == 1 and "this torch does not take" in internal[0]
+    lines = _gpuval_lines(proc)
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "rank 1 of 2: internal error, TypeError" in lines[0] and "this torch does not take" in lines[0]
+    _assert_not_pass(tmp_path)
+
+
+def _assert_not_pass(tmp_path: Path) -> None:
     assert (
         not (tmp_path / "out" / "result.json").exists()
         or json.loads((tmp_path / "out" / "result.json").read_text())["verdict"] != "PASS"
+    )
+
+
+@pytest.mark.dist
+def test_errors_on_several_ranks_are_gathered_into_the_launchers_one_line(tmp_path: Path) -> None:
+    """Each rank's error once, with the ranks that met it, in one `gpuval:` line (issue 50): neither a
+    line per rank nor a rank's error lost when only another rank may speak."""
+    proc = _crash(tmp_path, "usage-rank1,rank0", nproc=2)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = _gpuval_lines(proc)
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "rank 0 of 2: internal error, TypeError" in lines[0], lines[0]
+    assert "rank 1 of 2: GPU 1: a setting this rank cannot use (from the test); change it" in lines[0]
+    _assert_not_pass(tmp_path)
+
+
+@pytest.mark.dist
+def test_a_foreseen_error_on_one_rank_is_said_even_when_that_rank_is_not_rank_0(tmp_path: Path) -> None:
+    proc = _crash(tmp_path, "usage-rank1", nproc=2)
+    assert proc.returncode in (2, 3), proc.stderr[-3000:]
+    lines = _gpuval_lines(proc)
+    # the cause first: what rank 0 then met in the broken collective (gloo: "Connection closed by peer"
+    # or "lost contact") comes after it
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("gpuval: rank 1 of 2: GPU 1: a setting this rank cannot use"), lines[0]
+    _assert_not_pass(tmp_path)
+
+
+def test_the_gathered_line_says_each_error_once_with_its_ranks() -> None:
+    from gpuval.launch import gathered_line
+
+    assert gathered_line({}, 8) == ""
+    every = {r: ("gloo timed out", False, 1.0) for r in range(4)}
+    assert gathered_line(every, 4) == "gloo timed out"  # every rank, alike: as it is
+    assert gathered_line({3: ("GPU 3: ECC", False, 1.0)}, 8) == "rank 3 of 8: GPU 3: ECC"
+    lines = {0: "a", 1: "a", 2: "a", 3: "a", 5: "b", 6: "a", 7: "b  \n"}
+    said = {r: (line, False, 4.0 if line.startswith("b") else 5.0) for r, line in lines.items()}
+    assert gathered_line(said, 8) == "ranks 5, 7 of 8: b; ranks 0-3, 6 of 8: a"  # the first said first
+    # the ranks that only lost their peers come after the error that caused it, in a few words
+    lost = {0: ("lost contact", True, 1.0), 1: ("lost contact", True, 1.0), 2: ("GPU 2: Xid 79", False, 2.0)}
+    assert gathered_line(lost, 3) == "rank 2 of 3: GPU 2: Xid 79 (ranks 0, 1 of 3 then lost contact)"
+    # no rank said more than that it lost its peers: that is the news
+    assert gathered_line({1: ("lost contact", True, 1.0)}, 2) == "rank 1 of 2: lost contact"
+    many = {rank: (f"GPU {rank} lost", False, float(rank)) for rank in range(6)}
+    assert gathered_line(many, 8) == (
+        "rank 0 of 8: GPU 0 lost; rank 1 of 8: GPU 1 lost; rank 2 of 8: GPU 2 lost; "
+        "3 other errors on 3 more ranks"
     )
 
 

@@ -31,6 +31,11 @@ class RunError(GpuvalError):
     exit_code = EXIT_ERROR
 
 
+class LostPeers(RunError):
+    """A collective broke because another rank died or went silent: the consequence of that rank's
+    error, said after it (launch.gathered_line)."""
+
+
 class Interrupted(BaseException):
     """SIGINT/SIGTERM (or SIGHUP/SIGQUIT) ended the run: exit 128 + the signal's number, one line.
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from gpuval.errors import RunError, UsageError
+from gpuval.errors import GpuvalError, LostPeers, RunError, UsageError, one_line
 from gpuval.scope import Scope
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -109,7 +109,7 @@ class Runtime:
             dist.all_gather_object(gathered, obj)
         except RuntimeError as exc:  # DistBackendError: a peer died (connection closed) or timed out
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RunError(f"rank {self.rank} lost contact with the other ranks: {first}") from None
+            raise LostPeers(f"rank {self.rank} lost contact with the other ranks: {first}") from None
         return gathered
 
     def synchronize(self) -> None:
@@ -129,11 +129,20 @@ class Runtime:
         it: the group's threads live on into interpreter finalization, where a thread that takes the
         GIL aborts the process ("terminate called without an active exception", pytorch#179291).
         `leave_process` therefore ends a rank that had peers without finalization.
+
+        Called on the way out of an error gpuval foresaw (from a `finally`), it first leaves that error
+        for gpuval's launcher to say (launch.report_error): leaving the group breaks the collectives the
+        other ranks are in, and what they then meet must not be said as if it came first.
         """
         import gc
 
         import torch.distributed as dist
 
+        from gpuval.launch import report_error
+
+        leaving_on = sys.exc_info()[1]
+        if isinstance(leaving_on, GpuvalError):
+            report_error(one_line(str(leaving_on)), lost=isinstance(leaving_on, LostPeers))
         global _HAD_PEERS
         if dist.is_initialized():
             _HAD_PEERS = _HAD_PEERS or self.world_size > 1

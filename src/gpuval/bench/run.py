@@ -21,6 +21,7 @@ from gpuval.config import Profile
 from gpuval.crash import save_traceback
 from gpuval.deadline import phase
 from gpuval.errors import UsageError
+from gpuval.launch import report_error
 from gpuval.results import Measurement, Status
 
 UNPLANNED_S = 600.0  # expected seconds of a benchmark that declares no plan of its own (registry.expected_s)
@@ -103,6 +104,15 @@ def expected_benchmark_s(name: str, options: Any, runtime: Any) -> float:
         return UNPLANNED_S
 
 
+def _lost_peers(exc: BaseException) -> bool:
+    """Whether a benchmark's exception is a collective broken by another rank (NCCL's and newer gloo's
+    DistBackendError): the consequence of that rank's error, not news of its own."""
+    import torch.distributed as dist
+
+    backend_error = getattr(dist, "DistBackendError", None)
+    return backend_error is not None and isinstance(exc, backend_error)
+
+
 def run_benchmarks(
     runtime: Any,
     plan: dict[str, Any],
@@ -139,9 +149,11 @@ def run_benchmarks(
                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
                     + (f" (traceback in {where})" if where else ""),
                 )
-                # Said at once, by the rank it happened on: if the other ranks are still inside this
-                # benchmark's collectives, the next exchange breaks and this line is what explains it.
-                print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
+                # Said at once, by the rank it happened on (under gpuval's launcher: left for it to say,
+                # gathered with the other ranks'): if the other ranks are still inside this benchmark's
+                # collectives, the next exchange breaks and this line is what explains it.
+                if not report_error(status[1], lost=_lost_peers(exc)):
+                    print(f"gpuval: {status[1]}", file=sys.stderr, flush=True)
             gathered = runtime.all_gather_object(([m.model_dump() for m in mine], status, runtime.node_name))
         outcome.durations_s[name] = time.perf_counter() - began
         after(name)

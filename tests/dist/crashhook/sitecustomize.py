@@ -3,13 +3,16 @@
 Active only where the test sets GPUVAL_TEST_CRASH:
 - `launcher`: the launcher's call into torch's engine raises TypeError (as torch 2.11 did for a keyword
   it did not know), before any rank starts;
-- `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept (or bench).
-Anywhere else it imports nothing.
+- `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept (or bench);
+- `usage-rank1`: that rank's benchmarks raise a UsageError (an error gpuval foresaw, said in one line).
+Several, comma-separated, for several ranks. Anywhere else it imports nothing.
 """
 
 import os
 
-_where = os.environ.get("GPUVAL_TEST_CRASH", "")
+_wheres = os.environ.get("GPUVAL_TEST_CRASH", "").split(",")
+_where = _wheres[0]
+_rank = os.environ.get("RANK", "0")
 
 if _where == "launcher" and "RANK" not in os.environ:
     import gpuval.launch as _launch
@@ -19,10 +22,19 @@ if _where == "launcher" and "RANK" not in os.environ:
 
     _launch.launch_local = _launch_local
 
-if _where.startswith("rank") and os.environ.get("RANK", "0") == _where[len("rank") :]:
+if f"rank{_rank}" in _wheres:
     import gpuval.bench.run as _run
 
     def _run_benchmarks(*args, **kwargs):
         raise TypeError("an argument this torch does not take (from the test)")
+
+    _run.run_benchmarks = _run_benchmarks
+
+if f"usage-rank{_rank}" in _wheres:
+    import gpuval.bench.run as _run
+    from gpuval.errors import UsageError
+
+    def _run_benchmarks(*args, **kwargs):
+        raise UsageError(f"GPU {_rank}: a setting this rank cannot use (from the test); change it")
 
     _run.run_benchmarks = _run_benchmarks
