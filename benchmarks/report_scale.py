@@ -8,9 +8,9 @@ only: no report shows it) is left out unless --sweep. A second run of the same n
 compare's AFTER. Both are written as gpuval writes a result (indented JSON).
 
 Then times, as a user waits for them, `gpuval report A` and `gpuval compare A B` as child processes; and,
-in this process, their parts: reading and validating one file (as gpuval.results.load_result does, but
-past the size every result file is read up to, gpuval.inputs.MAX_BYTES, which a result this large
-exceeds), rendering the page, comparing, and printing the comparison table.
+in this process, their parts: reading and validating one file (gpuval.results.load_result, whose size
+limit, MAX_RESULT_BYTES, a result of this size is within), rendering the page, comparing, and printing
+the comparison table.
 
     python benchmarks/report_scale.py [--nodes 1000] [--gpus 8] [--sweep] [--output figures.json]
 
@@ -96,18 +96,13 @@ def _in_process(before: Path, after: Path) -> dict:
     """Each command's parts, timed in this process."""
     from rich.console import Console
 
-    from gpuval.inputs import parse_json, read_input_text
     from gpuval.report.compare import compare, summarize
     from gpuval.report.console import print_comparison
     from gpuval.report.html import render_html
-    from gpuval.results import Result
+    from gpuval.results import load_result
 
-    def load(path: Path) -> Result:  # load_result without its size limit
-        text = read_input_text(path, "result file", path.stat().st_size)
-        return Result.model_validate(parse_json(text, str(path)))
-
-    a, read_a = _timed(lambda: load(before))
-    b, read_b = _timed(lambda: load(after))
+    a, read_a = _timed(lambda: load_result(before))
+    b, read_b = _timed(lambda: load_result(after))
     page, render_s = _timed(lambda: render_html(a))
     (rows, unmatched), compare_s = _timed(lambda: compare(a, b))
     summaries, summarize_s = _timed(lambda: summarize(rows, 0.0))

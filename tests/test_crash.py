@@ -116,7 +116,7 @@ def test_a_foreseen_error_on_one_rank_is_said_even_when_that_rank_is_not_rank_0(
 
 
 def test_the_gathered_line_says_each_error_once_with_its_ranks() -> None:
-    from gpuval.launch import gathered_line
+    from gpuval.rank_lines import gathered_line
 
     assert gathered_line({}, 8) == ""
     every = {r: ("gloo timed out", False, 1.0) for r in range(4)}

@@ -710,6 +710,24 @@ def test_report_and_compare_refuse_another_schema(schema, tmp_path, stub_work):
         assert "expected gpuval.result/v1" in result[2], result[2]
 
 
+def test_a_result_past_its_size_limit_is_refused_before_it_is_read(tmp_path, stub_work):
+    """A result file is read up to results.MAX_RESULT_BYTES (a 1,000-node result is ~164 MiB, past the
+    64 MiB of other inputs): one byte more is refused by its size alone (a sparse file: nothing read)."""
+    from gpuval.results import MAX_RESULT_BYTES
+
+    huge, good = tmp_path / "huge.json", tmp_path / "good.json"
+    good.write_text(json.dumps(BASE_RESULT))
+    with huge.open("wb") as handle:
+        handle.truncate(MAX_RESULT_BYTES + 1)
+    for args in (
+        ["report", str(huge), "--output", str(tmp_path / "r.html")],
+        ["compare", str(good), str(huge)],
+    ):
+        result = invoke(args, tmp_path)
+        assert_clean(result, {2}, args, tmp_path / "r.html")
+        assert f"{MAX_RESULT_BYTES + 1} bytes is more than the {MAX_RESULT_BYTES} allowed" in result[2]
+
+
 @pytest.mark.parametrize("change", ["lost", "error"])
 def test_compare_fails_when_the_later_run_lost_measurements_or_is_error(change, tmp_path, stub_work):
     later = json.loads(json.dumps(BASE_RESULT))

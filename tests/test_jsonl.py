@@ -154,3 +154,40 @@ def test_a_broken_line_is_named_by_its_number_counting_newlines_only(tmp_path, t
     ) as raised:
         read_jsonl(path, "eval split")
     assert "\n" not in str(raised.value)
+
+
+def _nested(depth: int, leaf: object, shape: list[bool]) -> object:
+    """`leaf` inside `depth` containers, a dict or a list at each level as `shape` draws (cycled)."""
+    value = leaf
+    for level in range(depth):
+        value = {"k": value} if shape[level % len(shape)] else [value]
+    return value
+
+
+@settings(PROPERTY, max_examples=150)
+@given(
+    depth=st.integers(55, 70),
+    leaf=st.sampled_from([1, "x", [], {}, None]),
+    shape=st.lists(st.booleans(), min_size=1, max_size=5),
+    siblings=json_values,
+)
+def test_decode_json_refuses_exactly_the_nesting_json_problem_refuses(depth, leaf, shape, siblings):
+    """decode_json checks nesting level by level over the containers (a 1,000-node result in a fraction
+    of the walk json_problem makes); it must refuse what json_problem, the rule, refuses, and only that."""
+    from gpuval.inputs import json_problem
+
+    value = [siblings, _nested(depth, leaf, shape)]
+    text = json.dumps(value)
+    rule = json_problem(value)
+    try:
+        decoded = decode_json(text)
+    except ValueError as exc:
+        assert rule is not None and "nested more than 64 levels deep" in str(exc), (depth, leaf)
+    else:
+        assert rule is None and decoded == value
+
+
+def test_decode_json_refuses_a_lone_surrogate_escape_and_keeps_a_pair():
+    assert decode_json('["\\ud83d\\ude00"]') == ["\U0001f600"]
+    with pytest.raises(ValueError, match="lone UTF-16 surrogate"):
+        decode_json('{"a": ["ok", {"\\udc00": 1}]}')

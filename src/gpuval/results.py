@@ -131,6 +131,11 @@ class BenchDocument(_Strict):
         return json.dumps(_finite(self.model_dump(mode="json", by_alias=True)), indent=2) + "\n"
 
 
+# A result.json is read up to this size: one accept over 1,000 nodes of 8 GPUs writes ~164 MiB (its
+# matmul sweep kept, ~2x that; benchmarks/report_scale.py), which json and pydantic hold in ~2 GiB of memory
+MAX_RESULT_BYTES = 512 * 2**20
+
+
 def load_result(path: Path) -> Result:
     """A result.json read back; anything else is a one-line UsageError naming the file and the fault."""
     from pydantic import ValidationError
@@ -138,7 +143,7 @@ def load_result(path: Path) -> Result:
     from gpuval.errors import UsageError
     from gpuval.inputs import load_json
 
-    data = load_json(path, "result file")
+    data = load_json(path, "result file", MAX_RESULT_BYTES)
     found = data.get("schema") if isinstance(data, dict) else None
     if found != SCHEMA_ID:
         shown = "none" if found is None else repr(found)[:60]

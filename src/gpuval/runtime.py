@@ -138,7 +138,7 @@ class Runtime:
 
         import torch.distributed as dist
 
-        from gpuval.launch import report_error
+        from gpuval.rank_lines import report_error
 
         leaving_on = sys.exc_info()[1]
         if isinstance(leaving_on, GpuvalError):

@@ -21,7 +21,7 @@ from gpuval.config import Profile
 from gpuval.crash import save_traceback
 from gpuval.deadline import phase
 from gpuval.errors import UsageError
-from gpuval.launch import report_error
+from gpuval.rank_lines import report_error
 from gpuval.results import Measurement, Status
 
 UNPLANNED_S = 600.0  # expected seconds of a benchmark that declares no plan of its own (registry.expected_s)
