@@ -104,6 +104,27 @@ def test_errors_on_several_ranks_are_gathered_into_the_launchers_one_line(tmp_pa
     _assert_not_pass(tmp_path)
 
 
+@pytest.mark.dist
+def test_a_rank_that_never_joins_ends_the_run_with_result_json_saying_error(tmp_path: Path) -> None:
+    """Rank 1 stops just before the process group forms: rank 0's join ends at the profile's timeout (5 s
+    here) and rank 0 leaves result.json saying ERROR with its line (issue 51: the ranks that are alive
+    record it); the launcher stops rank 1 and says both in one line."""
+    import time
+
+    began = time.monotonic()
+    proc = _crash(tmp_path, "stop-join-rank1", nproc=2)
+    assert time.monotonic() - began < 60, proc.stderr[-3000:]
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    lines = _gpuval_lines(proc)
+    assert len(lines) == 1 and "could not join the process group" in lines[0], proc.stderr[-3000:]
+    assert "rank 1" in lines[0] and "stopped by gpuval" in lines[0], lines[0]
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["verdict"] == "ERROR" and result["world"]["size"] == 2
+    (check,) = result["checks"]
+    assert check["name"] == "run.ranks" and "could not join the process group" in check["detail"]
+    assert check["detail"] in lines[0]
+
+
 def test_the_gathered_line_says_each_error_once_with_its_ranks() -> None:
     from gpuval.rank_lines import gathered_line
 

@@ -303,6 +303,20 @@ def write_error_result(
     write_reports(result, output_dir)
 
 
+def write_unfinished_result(
+    output_dir: Path, profile: Profile, started_at: datetime, world: dict[str, Any], line: str
+) -> None:
+    """The reports of a run whose process group never formed (a rank that never joined): verdict ERROR,
+    one check `run.ranks` with rank 0's line. A result.json this run wrote stays: it is the run's
+    verdict. Written as far as it can be: the error being said is the run's own."""
+    from gpuval.textfile import this_runs_result
+
+    if this_runs_result(output_dir, started_at) is not None:
+        return
+    with contextlib.suppress(Exception):
+        write_reports(error_result(profile, line, started_at, world, "run.ranks"), output_dir)
+
+
 def write_error_reports(
     exc: Exception, output_dir: Path, profile: Profile, started_at: datetime, world: dict[str, Any]
 ) -> Exception:

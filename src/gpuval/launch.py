@@ -118,7 +118,9 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
             # before the watchdog looked: the agent saw them die, and that is no news to say again
             return EXIT_ERROR
         if watchdog.verdict:
-            raise RunError(f"{said_line}; {watchdog.verdict}" if said_line else watchdog.verdict) from None
+            own = f"rank {watchdog.ended}'s own output above says why it ended"
+            line = f"{said_line}; {watchdog.verdict}" if said_line else f"{watchdog.verdict}; {own}"
+            raise RunError(line) from None
         if watchdog.lingered and _reported(exit_dir).keys() >= set(range(nproc)):
             return _reported(exit_dir).get(0, EXIT_ERROR)  # finally below still cleans up
         rank, failure = exc.get_first_failure()
@@ -191,6 +193,7 @@ class _Watchdog(threading.Thread):
         self.exit_dir, self.nproc, self.grace_s = exit_dir, nproc, grace_s
         self.solo_s = max(solo_s if solo_s is not None else grace_s, grace_s)
         self.verdict = ""  # set when it stopped ranks that had not reported: the run's one-line error
+        self.ended = 0  # then, the rank whose end started the clock
         self.lingered: list[int] = []  # ranks it stopped after they had reported their exit code
         self.decided = False  # the ranks ended the run on a deadline and said so (gpuval.deadline)
         self._done = threading.Event()
@@ -237,10 +240,9 @@ class _Watchdog(threading.Thread):
             live = [r for r in hung if states[r] in ("S", "R")]
             self.verdict = (
                 f"{names} still running {limit:g} s after rank {rank} ended (exit {code}): "
-                f"hung, stopped by gpuval"
-                + ("; its Python stack is above" if live else "")
-                + f"; rank {rank}'s own output above says why it ended"
+                f"hung, stopped by gpuval" + ("; its Python stack is above" if live else "")
             )
+            self.ended = rank
             for r in live:  # a live rank prints its Python stack (faulthandler, worker_start) first
                 _signal_group(pids[r], signal.SIGUSR1)
             if live:

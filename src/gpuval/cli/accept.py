@@ -109,7 +109,14 @@ def accept(
         from gpuval.quiet import route_third_party_output
         from gpuval.runtime import init_runtime
 
-        runtime = init_runtime(timeout_s=loaded.runtime.timeout_s, log_dir=output)
+        try:
+            runtime = init_runtime(timeout_s=loaded.runtime.timeout_s, log_dir=output)
+        except GpuvalError as exc:  # the group never formed, so no rank can judge: rank 0 records ERROR
+            if is_first_rank():
+                from gpuval.accept import write_unfinished_result
+
+                write_unfinished_result(output, loaded, started_at, _world(nproc), str(exc))
+            raise
         route_third_party_output(output, runtime.rank)  # the train benchmark's libraries: to a file
         try:
             return judged(runtime)
@@ -199,8 +206,7 @@ def accept(
 
             if not is_first_rank():
                 raise
-            world = {"size": nproc or 1, "nodes": 1, "backend": "nccl" if launch.on_gpu() else "gloo"}
-            raise write_error_reports(exc, output, loaded, started_at, world) from None
+            raise write_error_reports(exc, output, loaded, started_at, _world(nproc)) from None
         except Interrupted as stop:
             # The launcher stopped its ranks, and rank 0 wrote the summary of the iterations done: the exit
             # code is that summary's verdict (never PASS: a soak cut short is ERROR unless hardware FAILed).
@@ -216,3 +222,10 @@ def accept(
                 err=True,
             )
             return {"PASS": EXIT_PASS, "FAIL": EXIT_FAIL}.get(summary.verdict.value, EXIT_ERROR)
+
+
+def _world(nproc: int | None) -> dict[str, object]:
+    """The run's world as the process the user started knows it, for a result no rank wrote."""
+    world = int(os.environ.get("WORLD_SIZE", nproc or 1))
+    nodes = max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    return {"size": world, "nodes": nodes, "backend": "nccl" if launch.on_gpu() else "gloo"}

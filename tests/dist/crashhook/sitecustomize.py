@@ -4,7 +4,8 @@ Active only where the test sets GPUVAL_TEST_CRASH:
 - `launcher`: the launcher's call into torch's engine raises TypeError (as torch 2.11 did for a keyword
   it did not know), before any rank starts;
 - `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept (or bench);
-- `usage-rank1`: that rank's benchmarks raise a UsageError (an error gpuval foresaw, said in one line).
+- `usage-rank1`: that rank's benchmarks raise a UsageError (an error gpuval foresaw, said in one line);
+- `stop-join-rank1`: that rank stops itself (SIGSTOP) just before it joins the process group.
 Several, comma-separated, for several ranks. Anywhere else it imports nothing.
 """
 
@@ -38,3 +39,16 @@ if f"usage-rank{_rank}" in _wheres:
         raise UsageError(f"GPU {_rank}: a setting this rank cannot use (from the test); change it")
 
     _run.run_benchmarks = _run_benchmarks
+
+if f"stop-join-rank{_rank}" in _wheres:
+    import signal
+
+    import torch.distributed as _dist
+
+    _join = _dist.init_process_group
+
+    def _stopped_join(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return _join(*args, **kwargs)
+
+    _dist.init_process_group = _stopped_join
