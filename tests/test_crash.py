@@ -147,6 +147,17 @@ def test_the_gathered_line_says_each_error_once_with_its_ranks() -> None:
     )
 
 
+def test_the_exit_code_after_ranks_said_errors_keeps_rank_0s_verdict_and_is_never_a_pass() -> None:
+    from gpuval.rank_lines import ended_with
+
+    said = {1: ("matmul failed on rank 1: TypeError", False, 1.0)}
+    assert ended_with({0: 1, 1: 0}, said, 2) == (1, "rank 1 of 2: matmul failed on rank 1: TypeError")  # FAIL
+    assert ended_with({0: 3, 1: 0}, said, 2)[0] == 3
+    assert ended_with({0: 0, 1: 0}, said, 2)[0] == 3  # rank 0 passed beside an error: never a pass
+    assert ended_with({1: 2}, {1: ("bad setting", False, 1.0)}, 2)[0] == 2  # rank 0 gone: the speaker's
+    assert ended_with({}, said, 2)[0] == 3
+
+
 def test_the_one_line_names_the_torch_when_it_is_outside_the_range(monkeypatch) -> None:
     from gpuval import crash
 

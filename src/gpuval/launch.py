@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuval.errors import EXIT_ERROR, GpuvalError, Interrupted, LostPeers, RunError, UsageError, one_line
-from gpuval.rank_lines import EXIT_DIR_VARIABLE, errors_said, gathered_line, report_error
+from gpuval.rank_lines import EXIT_DIR_VARIABLE, ended_with, errors_said, gathered_line, report_error
 
 LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
 PID_PREFIX = "pid-"
@@ -107,10 +107,12 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         elastic_launch(config, entrypoint=sys.executable)("-m", "gpuval", *argv)
         codes = _reported(exit_dir)
         said = errors_said(exit_dir)
-        if said:  # the ranks' errors, each rank's once, in one line: the worst exit code of theirs
-            worst = max(codes.get(rank, EXIT_ERROR) for rank in said)
-            error = UsageError if worst == UsageError.exit_code else RunError
-            raise error(gathered_line(said, nproc))
+        if said:  # the ranks' errors, each rank's once, in one line (rank_lines.ended_with)
+            code, line = ended_with(codes, said, nproc)
+            if code in (UsageError.exit_code, RunError.exit_code):
+                raise (UsageError if code == UsageError.exit_code else RunError)(line)
+            print(f"gpuval: {one_line(line)}", file=sys.stderr, flush=True)  # beside rank 0's verdict
+            return code
     except ChildFailedError as exc:
         said_line = gathered_line(errors_said(exit_dir), nproc)
         if watchdog.decided or (exit_dir / DECIDED).exists():

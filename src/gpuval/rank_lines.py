@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 
+from gpuval.errors import EXIT_ERROR
+
 EXIT_DIR_VARIABLE = "GPUVAL_EXIT_DIR"  # the launcher's exit folder, in every rank it started
 LINE_SUFFIX = ".line"  # a rank's one-line error in it: RANK.line
 
@@ -90,3 +92,16 @@ def _ranks_text(ranks: list[int]) -> str:
             runs.append([rank])
     shown = ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
     return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+def ended_with(
+    codes: dict[int, int], said: dict[int, tuple[str, bool, float]], world: int
+) -> tuple[int, str]:
+    """The exit code and the one line of a run whose ranks all ended and some said an error: rank 0's
+    code where it reported one that is not a pass (its verdict: a FAIL outranks an error another rank
+    met), else the worst code of the ranks that spoke, and never a pass (ERROR where they exited 0)."""
+    line = gathered_line(said, world)
+    if codes.get(0):
+        return codes[0], line
+    worst = max((codes.get(rank, EXIT_ERROR) for rank in said), default=EXIT_ERROR)
+    return worst or EXIT_ERROR, line
