@@ -33,7 +33,7 @@ class RunError(GpuvalError):
 
 class LostPeers(RunError):
     """A collective broke because another rank died or went silent: the consequence of that rank's
-    error, said after it (launch.gathered_line)."""
+    error, said after it (rank_lines.gathered_line)."""
 
 
 class Interrupted(BaseException):

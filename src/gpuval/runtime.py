@@ -131,7 +131,7 @@ class Runtime:
         `leave_process` therefore ends a rank that had peers without finalization.
 
         Called on the way out of an error gpuval foresaw (from a `finally`), it first leaves that error
-        for gpuval's launcher to say (launch.report_error): leaving the group breaks the collectives the
+        for gpuval's launcher to say (rank_lines.report_error): leaving the group breaks the collectives the
         other ranks are in, and what they then meet must not be said as if it came first.
         """
         import gc
