@@ -365,8 +365,8 @@ def test_node_scope_parsing_and_failed_nodes():
 
 @pytest.mark.dist
 def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
-    """No InfiniBand here but one port expected: the node fails health, collectives are not run, the
-    node's benchmarks SKIP."""
+    """No InfiniBand here but one port expected: the node fails health, collectives and the training step
+    (both cross every node) are not run, the node's benchmarks SKIP."""
     out = tmp_path / "out"
     proc = gpuval(["accept", "--quick", "--output", str(out), "--set", "expect.ib_ports=1"], tmp_path)
     assert proc.returncode == 1, proc.stderr
@@ -378,11 +378,12 @@ def test_failed_health_skips_the_benchmarks_with_the_reason(tmp_path, gpuval):
     [ports] = by_name["infiniband.ports"]
     assert ports["status"] == "FAIL" and ports["value"] == 0
     node = ports["scope"].split(":", 1)[1]
-    for name in ("all_reduce.busbw_gbps", "sendrecv.busbw_gbps"):
+    for name in ("all_reduce.busbw_gbps", "sendrecv.busbw_gbps", "train.tokens_per_s_per_gpu"):
         [check] = by_name[name]
         assert check["status"] == "SKIP"
         assert "failed health" in check["detail"] and f"{node}: infiniband.ports" in check["detail"]
-    assert "all_reduce" not in {m["name"] for m in result["measurements"]}  # really not run
+    ran = {m["name"] for m in result["measurements"]}
+    assert "all_reduce" not in ran and "train" not in ran  # really not run
     for check in by_name["matmul.fp32_tflops"]:
         assert check["status"] == "SKIP" and f"node {node} failed health" in check["detail"]
     assert result["verdict"] == "FAIL"

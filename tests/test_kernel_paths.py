@@ -46,26 +46,24 @@ KERNEL_PATHS = {
 }
 CAPABILITY_ORDER = ("DEFAULT", "AVX2", "AVX512")  # x86-64's paths, each needing the one before
 
-# run -> (modules, the selection's pytest options)
-RUNS = {
-    "comparisons": (
-        (
-            "test_finetune_kernels.py",
-            "test_finetune_fused_mlp.py",
-            "test_finetune_fused_qkv.py",
-            "test_finetune_sharding.py",
-            "test_finetune_fp8.py",
-            "test_finetune_linear_ce.py",
-            "test_finetune_split_products.py",
-            "test_finetune_packing.py",
-            "test_finetune_flash4.py",
-        ),
-        ["-m", "not slow"],
-    ),
-    # the default step and every CPU switch at once against transformers + PEFT: the other ten switch sets,
-    # each of them inside all-on, would add 40 s (AVX2) to 80 s (default kernels) of CPU a path
-    "equivalence": (("test_finetune_equivalence.py",), ["-k", "baseline or all-on"]),
-}
+# The modules of the comparisons (their quick tier: `not slow`) and of the trainings against transformers +
+# PEFT (test_finetune_equivalence.py, all slow: its default step and every CPU switch at once; the other ten
+# switch sets, each of them inside all-on, would add 40 s (AVX2) to 80 s (default kernels) of CPU a path).
+COMPARISONS = (
+    "test_finetune_kernels.py",
+    "test_finetune_fused_mlp.py",
+    "test_finetune_fused_qkv.py",
+    "test_finetune_sharding.py",
+    "test_finetune_fp8.py",
+    "test_finetune_linear_ce.py",
+    "test_finetune_split_products.py",
+    "test_finetune_packing.py",
+    "test_finetune_flash4.py",
+)
+EQUIVALENCE = "test_finetune_equivalence.py"
+# One child pytest a path for both (each child's start, imports and collection cost ~5 CPU-s): `-k` matches
+# the markers, the module and the test's name and parameters.
+SELECTION = ["-k", "not slow or (test_finetune_equivalence and (baseline or all-on))"]
 
 
 def _has(capability: str) -> bool:
@@ -91,16 +89,14 @@ def _child_pytest(
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64's kernel paths")
-@pytest.mark.parametrize("run", list(RUNS))
 @pytest.mark.parametrize("path", list(KERNEL_PATHS))
-def test_the_numerical_tests_pass_on_another_kernel_path(path, run, tmp_path):
+def test_the_numerical_tests_pass_on_another_kernel_path(path, tmp_path):
     capability, variables = KERNEL_PATHS[path]
     if not _has(capability):
         pytest.skip(f"this CPU has no {capability} kernels")
-    modules, selection = RUNS[run]
     proc = _child_pytest(
-        list(modules),
-        selection,
+        [*COMPARISONS, EQUIVALENCE],
+        SELECTION,
         {**variables, EXPECT_CPU_CAPABILITY: capability},
         tmp_path / "basetemp",
     )

@@ -178,9 +178,9 @@ def run_accept(
 ) -> Result | None:
     """Run on every rank; returns the Result on rank 0 (None elsewhere).
 
-    Health runs first. When a node fails it, the benchmarks that cross nodes (the collectives, which
-    would run through that node) are not run, and the other benchmarks' checks on that node are SKIP
-    with the reason; the verdict is FAIL.
+    Health runs first. When a node fails it, the benchmarks that cross nodes (the collectives and the
+    training step, which would run through that node) are not run, and the other benchmarks' checks on
+    that node are SKIP with the reason; the verdict is FAIL.
     When a rank runs on the CPU of a node whose GPUs CUDA cannot use (or the profile expects GPUs), or
     another program holds a node's GPUs (processes.foreign FAIL), no benchmark runs at all: every
     benchmark check is SKIP naming why, and the verdict is health's FAIL.

@@ -292,6 +292,9 @@ register(
         options=TrainBenchOptions,
         defaults=_defaults,
         run=run_train,
+        # one DDP/FSDP/ZeRO job over every rank: its gradients' all-reduce goes through every node, so a node
+        # that failed health would set the cluster's figure (as it would the collectives')
+        crosses_nodes=True,
         # data made, then the trainer's own phases (one per step, gpuval.deadline); this one's clock starts
         # again after each of them
         expected_s=lambda options, runtime: FIRST_STEP_S,
