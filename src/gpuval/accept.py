@@ -254,6 +254,8 @@ def run_accept(
             "nodes": nodes,
             "launcher": runtime.launcher,
             "benchmark_durations_s": {k: round(v, 3) for k, v in outcome.durations_s.items()},
+            # the process group's forming on rank 0, its first collective included (runtime.JOIN_EXPECTED_S)
+            **({"join_s": runtime.join_s} if getattr(runtime, "join_s", None) is not None else {}),
             **({"arrived_processes": [asdict(a) for a in arrived]} if arrived else {}),
         },
         measurements=measurements,

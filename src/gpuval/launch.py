@@ -36,6 +36,7 @@ from gpuval.rank_lines import EXIT_DIR_VARIABLE, ended_with, errors_said, gather
 LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
 PID_PREFIX = "pid-"
 DECIDED = "decided"  # written by the rank that ended the run on a deadline (gpuval.deadline): named ranks
+ENDED_PREFIX = "ended-"  # ended-RANK: another rank killed that stopped rank and said so in its own line
 # Once a rank has ended, how long the others may take to end too before the launcher stops them: the
 # group's collective timeout (the time a rank may wait for its peers), at most this many seconds.
 MAX_GRACE_S = 20.0
@@ -48,6 +49,7 @@ _STATES = {
     "R": "busy",
     "Z": "already dead",
 }
+_STOPPED = ("T",)  # a process stopped by a signal (SIGSTOP, SIGTSTP): it runs again only when continued
 
 
 EXIT_DIR_PREFIX = "gpuval-exit-"
@@ -89,6 +91,10 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
     os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     # One OpenMP thread pool per rank must not oversubscribe the cores (torchrun's own default is 1).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # c10's own warnings (a store socket that timed out, printed by every waiting rank) repeat what the
+    # run's one line says; the user's own level, where set, stands
+    # (https://docs.pytorch.org/docs/stable/distributed.html#logging)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -126,6 +132,8 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         if watchdog.lingered and _reported(exit_dir).keys() >= set(range(nproc)):
             return _reported(exit_dir).get(0, EXIT_ERROR)  # finally below still cleans up
         rank, failure = exc.get_first_failure()
+        if said_line and (exit_dir / f"{ENDED_PREFIX}{rank}").exists():
+            raise RunError(said_line) from None  # its end is in the line of the rank that ended it
         how = f"signal {-failure.exitcode}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         died = f"rank {rank} died ({how}) before finishing"
         said_died = f"{said_line}; {died}" if said_line else f"{died}; its own output above says why"
@@ -221,10 +229,14 @@ class _Watchdog(threading.Thread):
                 first = (time.monotonic(), rank, codes[rank])
             since, rank, code = first
             limit = self.solo_s if rank != 0 and code == 0 else self.grace_s
-            if time.monotonic() - since < limit:
+            waited = time.monotonic() - since
+            if waited < limit and not code:
                 continue
-            pids = _worker_pids(self.exit_dir)
+            pids = _worker_pids(self.exit_dir, self.nproc)
             hung = sorted(r for r in pids if r not in _reported(self.exit_dir) and _alive_child(pids[r]))
+            # after a rank ended with an error, one stopped by a signal cannot end on its own: no grace
+            if waited < limit and not (hung and all(_state(pids[r]) in _STOPPED for r in hung)):
+                continue
             if not hung:
                 # Every rank reported; one that still has not exited long after (stuck on its way out)
                 # goes too, and the run keeps the exit code it reported.
@@ -241,8 +253,13 @@ class _Watchdog(threading.Thread):
             )
             live = [r for r in hung if states[r] in ("S", "R")]
             self.verdict = (
-                f"{names} still running {limit:g} s after rank {rank} ended (exit {code}): "
-                f"hung, stopped by gpuval" + ("; its Python stack is above" if live else "")
+                (
+                    f"{names} still running {limit:g} s after rank {rank} ended (exit {code}): hung"
+                    if waited >= limit
+                    else f"{names} when rank {rank} ended (exit {code})"
+                )
+                + ", stopped by gpuval"
+                + ("; its Python stack is above" if live else "")
             )
             self.ended = rank
             for r in live:  # a live rank prints its Python stack (faulthandler, worker_start) first
@@ -285,6 +302,15 @@ def mark_decided(ranks: list[int]) -> None:
             path.with_suffix(".tmp").replace(path)
 
 
+def mark_ended(rank: int) -> None:
+    """In a worker started by launch_local: this rank killed `rank` (stopped by a signal while the group
+    formed, runtime._end_stopped_peers) and says so in its own line, which the launcher then prints alone."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if exit_dir:
+        with contextlib.suppress(OSError):
+            (Path(exit_dir) / f"{ENDED_PREFIX}{rank}").write_text("")
+
+
 def _reported(exit_dir: Path) -> dict[int, int]:
     codes = {}
     with contextlib.suppress(OSError):
@@ -295,14 +321,33 @@ def _reported(exit_dir: Path) -> dict[int, int]:
     return codes
 
 
-def _worker_pids(exit_dir: Path) -> dict[int, int]:
+def _worker_pids(exit_dir: Path, nproc: int = 0) -> dict[int, int]:
+    """Rank -> pid of the workers that registered; with `nproc`, also those that did not (a rank stopped
+    before gpuval's code ran), found among this launcher's children by the RANK the agent gave them."""
     pids = {}
     with contextlib.suppress(OSError):
         for path in exit_dir.iterdir():
             if path.name.startswith(PID_PREFIX) and path.name[len(PID_PREFIX) :].isdigit():
                 with contextlib.suppress(OSError, ValueError):
                     pids[int(path.name[len(PID_PREFIX) :])] = int(path.read_text())
+    if len(pids) < nproc:
+        for rank, pid in _children_by_rank().items():
+            pids.setdefault(rank, pid)
     return pids
+
+
+def _children_by_rank() -> dict[int, int]:
+    """Rank -> pid of this process's children that the agent started as workers (RANK in their
+    environment, as /proc shows it to their owner)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not _alive_child(int(entry.name)):
+            continue
+        with contextlib.suppress(OSError):
+            for item in (entry / "environ").read_bytes().split(b"\0"):
+                if item.startswith(b"RANK=") and item[5:].isdigit():
+                    found[int(item[5:])] = int(entry.name)
+    return found
 
 
 def _stat(pid: int) -> list[str]:

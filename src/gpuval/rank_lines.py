@@ -74,15 +74,15 @@ def gathered_line(said: dict[int, tuple[str, bool, float]], world: int) -> str:
         ranks.sort()
     if len(by_error) == 1 and len(said) == world and not lost:
         return next(iter(by_error))
-    parts = [f"{_ranks_text(ranks)} of {world}: {error}" for error, ranks in by_error.items()]
+    parts = [f"{ranks_text(ranks)} of {world}: {error}" for error, ranks in by_error.items()]
     if len(parts) > MAX_GATHERED:
         rest = sum(len(ranks) for ranks in list(by_error.values())[MAX_GATHERED:])
         parts = [*parts[:MAX_GATHERED], f"{len(parts) - MAX_GATHERED} other errors on {rest} more ranks"]
     line = "; ".join(parts)
-    return f"{line} ({_ranks_text(lost)} of {world} then lost contact)" if lost else line
+    return f"{line} ({ranks_text(lost)} of {world} then lost contact)" if lost else line
 
 
-def _ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     """'rank 3', 'ranks 0-3, 6': sorted ranks, runs of three or more as a range."""
     runs: list[list[int]] = []
     for rank in ranks:

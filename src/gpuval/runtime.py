@@ -6,10 +6,12 @@ gpuval never launches or connects ranks itself: torchrun/srun start the processe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -19,6 +21,14 @@ from gpuval.errors import GpuvalError, LostPeers, RunError, UsageError, one_line
 from gpuval.scope import Scope
 
 DEFAULT_TIMEOUT_S = 300.0
+# The process group's forming (the join: every rank's store exchange, NCCL's communicator init where a GPU
+# is bound) and its first collective are a phase of their own: a rank that stops or never arrives there
+# must end the run well before the profile's collective timeout (issue 51). Its pessimistic plan is the
+# slowest rank's start after the first (its imports) plus the communicator's init; its deadline that plus
+# the phases' margin (gpuval.deadline.deadline_s), never more than the profile's timeout. Measured joins:
+# docs/deadlines.md.
+JOIN_EXPECTED_S = 10.0
+_ARRIVED = "gpuval/join/"  # key prefix in the launcher's store: a rank about to join says so
 
 
 @dataclass
@@ -34,6 +44,7 @@ class Runtime:
     launcher: str  # "single" | "torchrun" | "slurm"
     timeout_s: float
     node_names: list[str] = field(default_factory=list)  # index = node_rank
+    join_s: float | None = None  # seconds the process group took to form, its first collective included
     _host_group: Any = field(default=None, repr=False)  # gloo group for host_barrier, made on first use
 
     @property
@@ -155,7 +166,17 @@ _HAD_PEERS = False  # this process was one rank of several: see Runtime.shutdown
 
 def leave_process(code: int) -> None:
     """Exit with `code`. A rank that had peers flushes its output and exits without interpreter
-    finalization (Runtime.shutdown says why); everything it writes is closed by then (atomic.py)."""
+    finalization (Runtime.shutdown says why); everything it writes is closed by then (atomic.py). The
+    stopped ranks it said it would end (_end_stopped_peers) go now."""
+    if _PEERS_TO_END:
+        import signal
+
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        for pid in _PEERS_TO_END:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
     if not _HAD_PEERS:
         sys.exit(code)
     import logging
@@ -309,16 +330,23 @@ def init_runtime(
         device = torch.device("cpu")
         backend = backend or "gloo"
 
-    timeout = timedelta(seconds=timeout_s)
+    join_s = join_deadline_s(timeout_s)
+    timeout = timedelta(seconds=join_s)
+    began = time.monotonic()
     try:
         if not dist.is_initialized():
             if layout["launcher"] == "single":
-                dist.init_process_group(
-                    backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+                dist.init_process_group(  # nothing to wait for: the profile's timeout
+                    backend,
+                    store=dist.HashStore(),
+                    rank=0,
+                    world_size=1,
+                    timeout=timedelta(seconds=timeout_s),
                 )
             else:
                 os.environ.setdefault("MASTER_ADDR", str(layout["master_addr"]))
                 os.environ.setdefault("MASTER_PORT", str(layout["master_port"]))
+                _say_arrived(layout)
                 kwargs: dict[str, Any] = {}
                 if device.type == "cuda":
                     kwargs["device_id"] = device  # binds NCCL to this GPU, connects eagerly
@@ -331,10 +359,10 @@ def init_runtime(
                     **kwargs,
                 )
     except (RuntimeError, ValueError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = f"{backend}, rank {layout['rank']} of {layout['world_size']}, join {_within(began, join_s)}"
         raise RunError(
-            f"could not join the process group ({backend}, rank {layout['rank']} of "
-            f"{layout['world_size']}): {first}"
+            f"could not join the process group ({where}{_not_arrived(layout)}): {_first_line(exc)}"
+            f"{_end_stopped_peers(layout)}"
         ) from None
 
     runtime = Runtime(
@@ -349,9 +377,116 @@ def init_runtime(
         launcher=layout["launcher"],
         timeout_s=timeout_s,
     )
-    pairs = runtime.all_gather_object((runtime.node_rank, runtime.node_name))
+    try:  # the group's first collective, still under the join's deadline
+        pairs = runtime.all_gather_object((runtime.node_rank, runtime.node_name))
+    except LostPeers as exc:
+        raise LostPeers(
+            f"the process group formed but its first collective did not complete ({backend}, rank "
+            f"{runtime.rank} of {runtime.world_size}, first collective {_within(began, join_s)}): {exc}"
+            f"{_end_stopped_peers(layout)}"
+        ) from None
     names: dict[int, str] = {}
     for rank_node, name in pairs:
         names.setdefault(rank_node, name)
     runtime.node_names = [names[index] for index in sorted(names)]
+    runtime.join_s = round(time.monotonic() - began, 3)
+    if runtime.world_size > 1 and join_s < timeout_s:
+        from gpuval.deadline import _set_timeout
+
+        _set_timeout(runtime, timeout_s)  # from now on, the profile's (and each phase's, gpuval.deadline)
     return runtime
+
+
+def join_deadline_s(timeout_s: float) -> float:
+    """Seconds the process group may take to form, its first collective included (JOIN_EXPECTED_S)."""
+    from gpuval.deadline import deadline_s
+
+    return min(timeout_s, deadline_s(JOIN_EXPECTED_S))
+
+
+def _within(began: float, deadline: float) -> str:
+    """'after 40 s of the 40 s allowed': how long a step of the join took before it failed."""
+    return f"after {time.monotonic() - began:.0f} s of the {deadline:.0f} s allowed"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _agent_store(timeout_s: float) -> Any:
+    """A client of the store that torchrun's agent (gpuval's own launcher's too) hosts before any rank
+    starts; None where there is none yet (srun: rank 0's join makes it)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _arrived_key(rank: int) -> str:
+    return f"{_ARRIVED}{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+
+
+def _say_arrived(layout: dict[str, Any]) -> None:
+    """Before joining, say so in the launcher's store, so that a join that times out can name the ranks
+    that never came (best effort: a store that cannot be reached only loses that naming)."""
+    try:
+        store = _agent_store(5.0)
+        if store is not None:
+            store.set(_arrived_key(layout["rank"]), f"{socket.gethostname()} {os.getpid()}")
+    except Exception:  # noqa: BLE001 (the join itself says what is wrong with the store)
+        pass
+
+
+def _not_arrived(layout: dict[str, Any]) -> str:
+    """'; ranks 1, 3 never started joining' after a join that failed, where the launcher's store can tell."""
+    try:
+        store = _agent_store(2.0)
+        if store is None:
+            return ""
+        missing = [r for r in range(layout["world_size"]) if not store.check([_arrived_key(r)])]
+    except Exception:  # noqa: BLE001
+        return ""
+    if not missing:
+        return "; every rank started joining, so one stopped or hung inside it"
+    from gpuval.rank_lines import ranks_text
+
+    return f"; {ranks_text(missing)} never started joining"
+
+
+_PEERS_TO_END: list[int] = []  # pids of stopped ranks this rank kills as it leaves (leave_process)
+
+
+def _end_stopped_peers(layout: dict[str, Any]) -> str:
+    """After a join or first collective that failed: the ranks on this host that said they were joining and
+    are now stopped by a signal get SIGKILL when this rank leaves, after its line and its result files (a
+    stopped process obeys no other signal, and torchrun's agent waits 30 s between its SIGTERM and SIGKILL;
+    killed sooner, the agent would see that rank die and stop this one before it said anything), as
+    gpuval.deadline does to silent ranks once the group runs. Returns '; rank 1 (stopped by a signal),
+    stopped by gpuval' for the line, or ''."""
+    from gpuval.deadline import _is_gpuval
+    from gpuval.launch import _STATES, _STOPPED, _state, mark_ended
+
+    try:
+        store = _agent_store(2.0)
+        if store is None:
+            return ""
+        here, ended = socket.gethostname(), []
+        for rank in range(layout["world_size"]):
+            if rank == layout["rank"] or not store.check([_arrived_key(rank)]):
+                continue
+            host, _, pid_text = store.get(_arrived_key(rank)).decode().partition(" ")
+            pid = int(pid_text) if pid_text.isdigit() else 0
+            if host == here and pid and _state(pid) in _STOPPED and _is_gpuval(pid):
+                mark_ended(rank)
+                _PEERS_TO_END.append(pid)
+                ended.append(rank)
+    except Exception:  # noqa: BLE001 (best effort: the launcher's own watch still ends them)
+        return ""
+    return "".join(f"; rank {rank} ({_STATES['T']}), stopped by gpuval" for rank in ended)

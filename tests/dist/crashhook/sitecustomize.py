@@ -5,7 +5,9 @@ Active only where the test sets GPUVAL_TEST_CRASH:
   it did not know), before any rank starts;
 - `rank0` / `rank1`: that rank's benchmarks raise TypeError in the middle of accept (or bench);
 - `usage-rank1`: that rank's benchmarks raise a UsageError (an error gpuval foresaw, said in one line);
-- `stop-join-rank1`: that rank stops itself (SIGSTOP) just before it joins the process group.
+- `stop-start-rank1`: that rank stops itself (SIGSTOP) as its interpreter starts: it never arrives;
+- `stop-join-rank1`: that rank stops itself just before it joins the process group (having said it would);
+- `stop-first-rank1`: that rank stops itself once the group formed, before the group's first collective.
 Several, comma-separated, for several ranks. Anywhere else it imports nothing.
 """
 
@@ -14,6 +16,17 @@ import os
 _wheres = os.environ.get("GPUVAL_TEST_CRASH", "").split(",")
 _where = _wheres[0]
 _rank = os.environ.get("RANK", "0")
+
+
+def _stop() -> None:
+    """SIGSTOP this process, having written when into TMPDIR/stopped-rankN (the test times from there)."""
+    import signal
+    import time
+
+    with open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"stopped-rank{_rank}"), "w") as handle:
+        handle.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGSTOP)
+
 
 if _where == "launcher" and "RANK" not in os.environ:
     import gpuval.launch as _launch
@@ -41,14 +54,26 @@ if f"usage-rank{_rank}" in _wheres:
     _run.run_benchmarks = _run_benchmarks
 
 if f"stop-join-rank{_rank}" in _wheres:
-    import signal
-
     import torch.distributed as _dist
 
     _join = _dist.init_process_group
 
     def _stopped_join(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGSTOP)
+        _stop()
         return _join(*args, **kwargs)
 
     _dist.init_process_group = _stopped_join
+
+if f"stop-start-rank{_rank}" in _wheres and "RANK" in os.environ:
+    _stop()
+
+if f"stop-first-rank{_rank}" in _wheres:
+    import gpuval.runtime as _runtime
+
+    _gather = _runtime.Runtime.all_gather_object
+
+    def _stopped_gather(self, obj):
+        _stop()
+        return _gather(self, obj)
+
+    _runtime.Runtime.all_gather_object = _stopped_gather
