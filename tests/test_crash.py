@@ -25,15 +25,20 @@ PROFILE = (
 )
 
 
-def _crash(tmp_path: Path, where: str, nproc: int, profile: str = PROFILE):
-    (tmp_path / "tiny.yaml").write_text(profile)
+def _hook_env(tmp_path: Path, where: str) -> dict[str, str]:
+    """The environment of a run with tests/dist/crashhook active at `where`, its TMPDIR in tmp_path."""
     (tmp_path / "tmp").mkdir()
-    env = cli_env(
+    return cli_env(
         PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
         GPUVAL_TEST_CRASH=where,
         OMP_NUM_THREADS="1",
         TMPDIR=str(tmp_path / "tmp"),
     )
+
+
+def _crash(tmp_path: Path, where: str, nproc: int, profile: str = PROFILE):
+    (tmp_path / "tiny.yaml").write_text(profile)
+    env = _hook_env(tmp_path, where)
     args = ["accept", "--profile", "tiny.yaml", "--nproc", str(nproc), "--output", "out"]
     return run_cli(args, cwd=tmp_path, env=env, timeout=120)
 
@@ -150,13 +155,7 @@ def test_a_rank_stopped_in_the_join_under_external_torchrun_ends_it_within_a_min
     import time
 
     (tmp_path / "tiny.yaml").write_text(PROFILE.replace("runtime: {timeout_s: 5}\n", ""))
-    (tmp_path / "tmp").mkdir()
-    env = cli_env(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
-        GPUVAL_TEST_CRASH="stop-join-rank1",
-        OMP_NUM_THREADS="1",
-        TMPDIR=str(tmp_path / "tmp"),
-    )
+    env = _hook_env(tmp_path, "stop-join-rank1")
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     command = [torchrun, "--standalone", "--nproc-per-node=2", "-m", "gpuval", "accept"]
     proc = subprocess.run(
@@ -237,13 +236,7 @@ if __name__ == "__main__":  # pragma: no cover
 
 @pytest.mark.slow
 def test_an_unforeseen_error_in_bench_is_exit_3_with_its_document_saying_error(tmp_path: Path) -> None:
-    (tmp_path / "tmp").mkdir()
-    env = cli_env(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(HOOK), os.environ.get("PYTHONPATH")])),
-        GPUVAL_TEST_CRASH="rank0",
-        OMP_NUM_THREADS="1",
-        TMPDIR=str(tmp_path / "tmp"),
-    )
+    env = _hook_env(tmp_path, "rank0")
     args = ["bench", "matmul", "--nproc", "1", "--set", "dtypes=[fp32]", "--output", "out/bench.json"]
     proc = run_cli(args, cwd=tmp_path, env=env, timeout=120)
     assert proc.returncode == 3, proc.stderr[-3000:]
