@@ -853,6 +853,7 @@ def test_read_view_keeps_cudas_own_error_and_nvmls_uuid_spelling(monkeypatch):
         error="CUDA driver initialization failed, you might not have a CUDA gpu.",
         visible_devices="3",
         torch="2.13.0",
+        given=("CUDA_VISIBLE_DEVICES", "3"),  # which GPUs are the job's (gpuval.health.job)
     )
     working = read_view(TorchStandIn(uuids=("beb0f669-6fb3-66ad-d389-26df51e5352f",)))
     assert working.devices == (CudaDevice("GPU-beb0f669-6fb3-66ad-d389-26df51e5352f", (0, 6, 0)),)

@@ -131,6 +131,7 @@ def run_health_phase(
     `watch`: begun on each node's first rank with the processes health saw (and gpuval's own)."""
     from gpuval.health.cuda import read_view
     from gpuval.health.fleet import heterogeneity_checks, shared_fs_checks
+    from gpuval.health.job import for_job, job_gpus
     from gpuval.health.run import node_health
     from gpuval.health.sdc import run_sdc
     from gpuval.nvml import snapshot
@@ -143,17 +144,19 @@ def run_health_phase(
         nvml = snapshot()
         if watch is not None:
             watch.begin(nvml, own_pids)
+        here = [view for node, view in views if node == runtime.node_name]  # what the node's ranks see
         checks = node_health(
             profile,
             runtime.node_name,
             own_pids=own_pids,
             snapshot=nvml,
             exclude=frozenset({"sdc"}),  # run_sdc below compares every rank instead
-            cuda=[view for node, view in views if node == runtime.node_name],  # what the node's ranks see
+            cuda=here,
             history=history,
             command=command,
         )
-        mine = (node_inventory(runtime.node_name), [c.model_dump(mode="json") for c in checks])
+        inventory = for_job(node_inventory(runtime.node_name), job_gpus([v.given for v in here], nvml.gpus))
+        mine = (inventory, [c.model_dump(mode="json") for c in checks])
     gathered = [part for part in runtime.all_gather_object(mine) if part is not None]
     sdc = run_sdc(runtime)
     shared = shared_fs_checks(runtime, profile.health.shared_dir) if profile.health.shared_dir else None

@@ -140,6 +140,7 @@ class GpuInfo(GpuRecord):
     memory_free_bytes: Any = None
     compute_capability: Any = None
     mig_mode_current: Any = None
+    mig_devices: Any = None  # UUIDs of its MIG instances ('MIG-…') where MIG mode is on
     persistence_mode: Any = None
     ecc_mode_current: Any = None
     ecc_mode_pending: Any = None
@@ -321,6 +322,20 @@ def _remapped_rows(nvml: Nvml, handle: Any) -> dict[str, Any]:
     return dict(zip(REMAPPED_ROW_FIELDS, (rows[0], rows[1], bool(rows[2]), bool(rows[3])), strict=True))
 
 
+def _mig_uuids(nvml: Nvml, handle: Any) -> Any:
+    """The UUIDs of the MIG instances on a GPU in MIG mode (a slot with no instance is left out)."""
+    slots = nvml("nvmlDeviceGetMaxMigDeviceCount", handle)
+    if not available(slots):
+        return slots
+    uuids = []
+    for slot in range(slots):
+        instance = nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        uuid = nvml("nvmlDeviceGetUUID", instance) if available(instance) else instance
+        if available(uuid):
+            uuids.append(str(uuid))
+    return uuids
+
+
 def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     c = nvml.constant
     gpu = GpuInfo(index=index, **gpu_fields(nvml, handle))
@@ -330,6 +345,8 @@ def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:
     gpu.compute_capability = f"{capability[0]}.{capability[1]}" if available(capability) else capability
     mig = nvml("nvmlDeviceGetMigMode", handle)
     gpu.mig_mode_current = mig[0] if available(mig) else mig
+    if gpu.mig_mode_current == 1:
+        gpu.mig_devices = _mig_uuids(nvml, handle)
     gpu.persistence_mode = nvml("nvmlDeviceGetPersistenceMode", handle)
     ecc = nvml("nvmlDeviceGetEccMode", handle)
     gpu.ecc_mode_current, gpu.ecc_mode_pending = (ecc[0], ecc[1]) if available(ecc) else (ecc, ecc)

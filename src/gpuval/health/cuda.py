@@ -43,6 +43,7 @@ class CudaView:
     built: bool = True  # False: this torch has no CUDA at all
     visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as the process had it; None: unset
     torch: str = ""  # torch's version
+    given: tuple[str, str] | None = None  # the variable naming this process's GPUs (gpuval.health.job)
 
 
 def _device(torch: Any, index: int) -> CudaDevice:
@@ -57,19 +58,21 @@ def _device(torch: Any, index: int) -> CudaDevice:
 
 def read_view(torch: Any = None) -> CudaView:
     """This process's CUDA view; `torch` is the torch module (a stand-in in tests)."""
+    from gpuval.health.job import given
+
     if torch is None:
         import torch
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    version = str(getattr(torch, "__version__", ""))
+    mine = {"visible_devices": visible, "torch": str(getattr(torch, "__version__", "")), "given": given()}
     if torch.version.cuda is None:
-        return CudaView(built=False, visible_devices=visible, torch=version)
+        return CudaView(built=False, **mine)
     try:
         torch.cuda.init()  # raises CUDA's own error: no device, system not ready, driver too old, ...
         devices = tuple(_device(torch, index) for index in range(torch.cuda.device_count()))
     except Exception as exc:  # noqa: BLE001 - CUDA's reason is the finding
-        return CudaView(error=first_line(exc), visible_devices=visible, torch=version)
+        return CudaView(error=first_line(exc), **mine)
     error = None if devices else "CUDA found no device"
-    return CudaView(devices=devices, error=error, visible_devices=visible, torch=version)
+    return CudaView(devices=devices, error=error, **mine)
 
 
 def _seen_by(gpu: GpuInfo, views: list[CudaView]) -> bool:

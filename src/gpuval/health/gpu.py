@@ -135,9 +135,9 @@ def _pci_checks(ctx: HealthContext, pci: list[PciGpu]) -> list[Check]:
                 detail=detail,
             )
         ]
-    listed = {bus_key(gpu.pci_bus_id) for gpu in snapshot.gpus}
+    listed = {bus_key(gpu.pci_bus_id) for gpu in ctx.all_gpus}  # the bus holds the node's GPUs, not the job's
     unlisted = [device for device in pci if bus_key(device.address) not in listed]
-    lost = sum(1 for gpu in snapshot.gpus if bus_key(gpu.pci_bus_id) is None)  # counted, no address
+    lost = sum(1 for gpu in ctx.all_gpus if bus_key(gpu.pci_bus_id) is None)  # counted, no address
     if len(unlisted) <= lost or ctx.profile.health.allow_hidden_gpus:
         return []
     named = ", ".join(f"{device.address} (driver {device.driver or 'none'})" for device in unlisted)
@@ -145,11 +145,11 @@ def _pci_checks(ctx: HealthContext, pci: list[PciGpu]) -> list[Check]:
         Check(
             name="gpu.reachable",
             status=Status.FAIL,
-            value=len(snapshot.gpus),
+            value=len(ctx.all_gpus),
             threshold={"equal": len(pci)},
             unit="GPUs",
             scope=scope,
-            detail=f"{plural(len(pci), 'NVIDIA GPU')} on the PCI bus, NVML lists {len(snapshot.gpus)}; "
+            detail=f"{plural(len(pci), 'NVIDIA GPU')} on the PCI bus, NVML lists {len(ctx.all_gpus)}; "
             f"not listed: {named}; {_OFF_THE_BUS}",
         )
     ]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gpuval.config import Profile
 from gpuval.errors import first_line
-from gpuval.nvml import NvmlSnapshot
+from gpuval.nvml import GpuInfo, NvmlSnapshot
 from gpuval.results import Check, Status
 from gpuval.scope import Scope
 
@@ -37,6 +37,14 @@ class HealthContext:
     cuda: list[CudaView] | None = None  # CUDA's view from each of this node's ranks; None: read it here
     history: Path | None = None  # accept's history database, read-only: XIDs before a passing run don't count
     command: Literal["accept", "health"] = "health"  # what runs the checks: health.foreign_processes 'auto'
+    # every GPU NVML lists where `snapshot` holds only the job's (gpuval.health.job): the PCI bus and the
+    # kernel log are node-wide facts, judged against all of them; None: the snapshot holds every GPU
+    node_gpus: list[GpuInfo] | None = None
+
+    @property
+    def all_gpus(self) -> list[GpuInfo]:
+        """Every GPU NVML lists on the node, the job's or not."""
+        return self.node_gpus if self.node_gpus is not None else self.snapshot.gpus
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -49,10 +50,17 @@ def node_health(
     """Every health check of this node. `library` is pynvml or a replay; `snapshot` saves a second read;
     `command` is what runs them (a foreign process FAILs `accept` and WARNs `health` by default);
     `cuda`: the CUDA views of this node's ranks (accept), else this process reads its own."""
+    from gpuval.health.job import given, job_gpus, others_check
+
+    nvml = snapshot if snapshot is not None else read_snapshot(library)
+    # the GPUs this job was given (the union over the node's ranks): the checks judge those alone
+    job = job_gpus([view.given for view in cuda] if cuda is not None else [given()], nvml.gpus)
+    judged = replace(nvml, gpus=[gpu for gpu in nvml.gpus if gpu.index in job.indices]) if job else nvml
     ctx = HealthContext(
         profile=profile,
         node=node,
-        snapshot=snapshot if snapshot is not None else read_snapshot(library),
+        snapshot=judged,
+        node_gpus=nvml.gpus if job else None,
         root=root,
         kmsg=kmsg,
         own_pids={os.getpid()} if own_pids is None else own_pids,
@@ -61,7 +69,8 @@ def node_health(
         history=history,
         command=command,
     )
-    return run_health(ctx, families(profile) - exclude)
+    checks = run_health(ctx, families(profile) - exclude)
+    return [*checks, others_check(node, job, nvml.gpus)] if job else checks
 
 
 def health_result(

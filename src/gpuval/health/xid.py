@@ -148,7 +148,7 @@ def read_kmsg(path: Path) -> str:
 
 def _gpu_by_bus(ctx: HealthContext) -> dict[tuple[int, int, int], int]:
     by_bus = {}
-    for gpu in ctx.snapshot.gpus:
+    for gpu in ctx.all_gpus:  # node-wide: an XID on a GPU that is not this job's is still the node's
         key = bus_key(gpu.pci_bus_id) if reachable(gpu) else None
         if key is not None:
             by_bus[key] = gpu.index
@@ -245,7 +245,7 @@ def _nvml_events(ctx: HealthContext, window_s: float) -> list[Check]:
         try:
             registered, refused = [], []
             xid_critical = nvml.constant("nvmlEventTypeXidCriticalError", 0x8)
-            for gpu in ctx.snapshot.gpus:
+            for gpu in ctx.all_gpus:
                 if not reachable(gpu):
                     continue
                 handle = nvml("nvmlDeviceGetHandleByIndex", gpu.index)
