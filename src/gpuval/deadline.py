@@ -20,7 +20,7 @@ the main thread waits in one):
 The first decision is written to the store (first writer wins) and every rank acts on that one: the
 lowest rank not named prints the one `gpuval:` line and SIGKILLs named ranks on its own host that are
 silent (a stopped process only dies from SIGKILL); rank 0, if not named, writes the command's ERROR
-result (`on_abort`); every rank that can still act ends with exit 3, through `launch.report_exit` under
+result (`on_abort`); every rank that can still act ends with exit 3, through `rank_lines.report_exit` under
 gpuval's own launcher, which then stops what is left at once (launch._Watchdog reads the decision).
 
 Collective timeouts follow the deadlines: inside a phase the process group's timeout is the phase's
@@ -339,7 +339,7 @@ class Monitor:
 
     def _states(self, beats: dict[int, dict[str, Any]], quiet: dict[int, float]) -> dict[int, str]:
         """/proc's word on ranks of this host that are quiet (stopped by a signal, in a driver wait)."""
-        from gpuval.launch import describe_state
+        from gpuval.procstate import describe_state
 
         return {
             r: describe_state(int(beat["pid"]))
@@ -360,8 +360,8 @@ class Monitor:
         """End this rank on the run's decision. The console is the printer's one line alone: every rank's
         output (its main thread's errors as peers go, NCCL's watchdog) goes to /dev/null first, and no
         rank leaves (closing its connections) before rank 0 has written its ERROR result."""
-        from gpuval import launch
         from gpuval.errors import EXIT_ERROR
+        from gpuval.rank_lines import mark_decided, report_exit
 
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
@@ -384,20 +384,22 @@ class Monitor:
         if self.rank == printer(decision, self.world_size):
             with contextlib.suppress(OSError):
                 os.write(console, f"gpuval: {decision.line}\n".encode())
-            launch.mark_decided(decision.ranks)
+            mark_decided(decision.ranks)
             self._kill_silent(decision.silent)
-        os._exit(launch.report_exit(EXIT_ERROR))
+        os._exit(report_exit(EXIT_ERROR))
 
     def _kill_silent(self, ranks: list[int]) -> None:
         """SIGKILL silent ranks on this host (their last heartbeat names host and pid): a stopped process
         ignores every other signal, and the launcher (torchrun's agent, srun) would wait for it."""
         import signal
 
+        from gpuval.procstate import is_gpuval
+
         with contextlib.suppress(Exception):
             beats = self._read_beats()
             for r in ranks:
                 beat = beats.get(r, {})
-                if beat.get("host") == self.host and beat.get("pid") and _is_gpuval(int(beat["pid"])):
+                if beat.get("host") == self.host and beat.get("pid") and is_gpuval(int(beat["pid"])):
                     with contextlib.suppress(OSError):
                         os.kill(int(beat["pid"]), signal.SIGKILL)
 
@@ -411,14 +413,6 @@ def _silence_console() -> int:
         os.dup2(null, fd)
     os.close(null)
     return console
-
-
-def _is_gpuval(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"gpuval" in handle.read()
-    except OSError:
-        return False
 
 
 def _set_timeout(runtime: Any, seconds: float) -> None:

@@ -31,25 +31,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuval.errors import EXIT_ERROR, GpuvalError, Interrupted, LostPeers, RunError, UsageError, one_line
-from gpuval.rank_lines import EXIT_DIR_VARIABLE, ended_with, errors_said, gathered_line, report_error
+from gpuval.procstate import STATES, STOPPED, alive_child, state
+from gpuval.rank_lines import (
+    DECIDED,
+    ENDED_PREFIX,
+    EXIT_DIR_VARIABLE,
+    ended_with,
+    errors_said,
+    gathered_line,
+    report_error,
+    report_exit,
+)
 
 LAUNCHER_PID_VARIABLE = "GPUVAL_LAUNCHER_PID"
 PID_PREFIX = "pid-"
-DECIDED = "decided"  # written by the rank that ended the run on a deadline (gpuval.deadline): named ranks
-ENDED_PREFIX = "ended-"  # ended-RANK: another rank killed that stopped rank and said so in its own line
 # Once a rank has ended, how long the others may take to end too before the launcher stops them: the
 # group's collective timeout (the time a rank may wait for its peers), at most this many seconds.
 MAX_GRACE_S = 20.0
 SHUTDOWN_TIMEOUT_S = 5  # the agent's wait between SIGTERM and SIGKILL when it stops workers
-_STATES = {
-    "T": "stopped by a signal",
-    "t": "stopped by a debugger",
-    "D": "in uninterruptible sleep (a driver or device wait)",
-    "S": "blocked, waiting",
-    "R": "busy",
-    "Z": "already dead",
-}
-_STOPPED = ("T",)  # a process stopped by a signal (SIGSTOP, SIGTSTP): it runs again only when continued
 
 
 EXIT_DIR_PREFIX = "gpuval-exit-"
@@ -233,23 +232,23 @@ class _Watchdog(threading.Thread):
             if waited < limit and not code:
                 continue
             pids = _worker_pids(self.exit_dir, self.nproc)
-            hung = sorted(r for r in pids if r not in _reported(self.exit_dir) and _alive_child(pids[r]))
+            hung = sorted(r for r in pids if r not in _reported(self.exit_dir) and alive_child(pids[r]))
             # after a rank ended with an error, one stopped by a signal cannot end on its own: no grace
-            if waited < limit and not (hung and all(_state(pids[r]) in _STOPPED for r in hung)):
+            if waited < limit and not (hung and all(state(pids[r]) in STOPPED for r in hung)):
                 continue
             if not hung:
                 # Every rank reported; one that still has not exited long after (stuck on its way out)
                 # goes too, and the run keeps the exit code it reported.
-                lingering = [r for r in pids if _alive_child(pids[r])]
+                lingering = [r for r in pids if alive_child(pids[r])]
                 if lingering and time.monotonic() - since >= self.solo_s + self.grace_s:
                     self.lingered = lingering
                     for r in lingering:
                         _signal_group(pids[r], signal.SIGKILL)
                     return
                 continue
-            states = {r: _state(pids[r]) for r in hung}
+            states = {r: state(pids[r]) for r in hung}
             names = ", ".join(
-                f"rank {r}" + (f" ({_STATES[s]})" if s in _STATES else "") for r, s in states.items()
+                f"rank {r}" + (f" ({STATES[s]})" if s in STATES else "") for r, s in states.items()
             )
             live = [r for r in hung if states[r] in ("S", "R")]
             self.verdict = (
@@ -281,34 +280,14 @@ class _Watchdog(threading.Thread):
         self.decided = True
         pids = _worker_pids(self.exit_dir)
         for r in named:
-            if r in pids and r not in _reported(self.exit_dir) and _alive_child(pids[r]):
+            if r in pids and r not in _reported(self.exit_dir) and alive_child(pids[r]):
                 _signal_group(pids[r], signal.SIGKILL)
         deadline = time.monotonic() + self.grace_s
         while time.monotonic() < deadline and not self._done.wait(0.2):
-            if all(not _alive_child(pid) for r, pid in pids.items() if r not in _reported(self.exit_dir)):
+            if all(not alive_child(pid) for r, pid in pids.items() if r not in _reported(self.exit_dir)):
                 return True
         _kill_workers(self.exit_dir, signal.SIGKILL)
         return True
-
-
-def mark_decided(ranks: list[int]) -> None:
-    """In a worker started by launch_local: the run ends on a deadline, this rank said so in one line, and
-    `ranks` are the ones named (the launcher stops them at once and adds no line of its own)."""
-    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
-    if exit_dir:
-        with contextlib.suppress(OSError):
-            path = Path(exit_dir) / DECIDED
-            path.with_suffix(".tmp").write_text(json.dumps(sorted(ranks)))
-            path.with_suffix(".tmp").replace(path)
-
-
-def mark_ended(rank: int) -> None:
-    """In a worker started by launch_local: this rank killed `rank` (stopped by a signal while the group
-    formed, runtime._end_stopped_peers) and says so in its own line, which the launcher then prints alone."""
-    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
-    if exit_dir:
-        with contextlib.suppress(OSError):
-            (Path(exit_dir) / f"{ENDED_PREFIX}{rank}").write_text("")
 
 
 def _reported(exit_dir: Path) -> dict[int, int]:
@@ -341,38 +320,13 @@ def _children_by_rank() -> dict[int, int]:
     environment, as /proc shows it to their owner)."""
     found = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not _alive_child(int(entry.name)):
+        if not entry.name.isdigit() or not alive_child(int(entry.name)):
             continue
         with contextlib.suppress(OSError):
             for item in (entry / "environ").read_bytes().split(b"\0"):
                 if item.startswith(b"RANK=") and item[5:].isdigit():
                     found[int(item[5:])] = int(entry.name)
     return found
-
-
-def _stat(pid: int) -> list[str]:
-    """Fields of /proc/PID/stat after the command name: [state, ppid, pgrp, ...]; [] if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return text[text.rfind(")") + 2 :].split()
-
-
-def _alive_child(pid: int) -> bool:
-    """PID is still one of this launcher's children (a reaped worker's pid may belong to anyone now)."""
-    fields = _stat(pid)
-    return len(fields) > 1 and int(fields[1]) == os.getpid() and fields[0] != "Z"
-
-
-def _state(pid: int) -> str:
-    fields = _stat(pid)
-    return fields[0] if fields else ""
-
-
-def describe_state(pid: int) -> str:
-    """What /proc says process PID is doing, in words ('stopped by a signal'); '' where it does not say."""
-    return _STATES.get(_state(pid), "")
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -384,7 +338,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 def _kill_workers(exit_dir: Path, sig: signal.Signals) -> int:
     killed = 0
     for pid in _worker_pids(exit_dir).values():
-        if _alive_child(pid):
+        if alive_child(pid):
             _signal_group(pid, sig)
             killed += 1
     return killed
@@ -417,16 +371,6 @@ def worker_start() -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     with contextlib.suppress(OSError):
         (Path(exit_dir) / f"{PID_PREFIX}{os.environ['RANK']}").write_text(str(os.getpid()))
-
-
-def report_exit(code: int) -> int:
-    """In a worker started by launch_local: leave the exit code for the parent, and exit 0 to the agent."""
-    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
-    if not exit_dir:
-        return code
-    rank = os.environ.get("RANK", "0")
-    (Path(exit_dir) / rank).write_text(str(code))
-    return 0
 
 
 def on_gpu() -> bool:

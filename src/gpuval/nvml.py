@@ -327,13 +327,9 @@ def _mig_uuids(nvml: Nvml, handle: Any) -> Any:
     slots = nvml("nvmlDeviceGetMaxMigDeviceCount", handle)
     if not available(slots):
         return slots
-    uuids = []
-    for slot in range(slots):
-        instance = nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
-        uuid = nvml("nvmlDeviceGetUUID", instance) if available(instance) else instance
-        if available(uuid):
-            uuids.append(str(uuid))
-    return uuids
+    instances = [nvml("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot) for slot in range(slots)]
+    uuids = [nvml("nvmlDeviceGetUUID", instance) for instance in instances if available(instance)]
+    return [str(uuid) for uuid in uuids if available(uuid)]
 
 
 def _gpu(nvml: Nvml, index: int, handle: Any) -> GpuInfo:

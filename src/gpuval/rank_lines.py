@@ -19,6 +19,8 @@ from gpuval.errors import EXIT_ERROR
 
 EXIT_DIR_VARIABLE = "GPUVAL_EXIT_DIR"  # the launcher's exit folder, in every rank it started
 LINE_SUFFIX = ".line"  # a rank's one-line error in it: RANK.line
+DECIDED = "decided"  # written by the rank that ended the run on a deadline (gpuval.deadline): named ranks
+ENDED_PREFIX = "ended-"  # ended-RANK: another rank killed that stopped rank and said so in its own line
 
 
 def report_error(line: str, lost: bool = False) -> bool:
@@ -105,3 +107,33 @@ def ended_with(
         return codes[0], line
     worst = max((codes.get(rank, EXIT_ERROR) for rank in said), default=EXIT_ERROR)
     return worst or EXIT_ERROR, line
+
+
+def mark_decided(ranks: list[int]) -> None:
+    """In a worker started by launch_local: the run ends on a deadline, this rank said so in one line, and
+    `ranks` are the ones named (the launcher stops them at once and adds no line of its own)."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if exit_dir:
+        with contextlib.suppress(OSError):
+            path = Path(exit_dir) / DECIDED
+            path.with_suffix(".tmp").write_text(json.dumps(sorted(ranks)))
+            path.with_suffix(".tmp").replace(path)
+
+
+def mark_ended(rank: int) -> None:
+    """In a worker started by launch_local: this rank killed `rank` (stopped by a signal while the group
+    formed, runtime._end_stopped_peers) and says so in its own line, which the launcher then prints alone."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if exit_dir:
+        with contextlib.suppress(OSError):
+            (Path(exit_dir) / f"{ENDED_PREFIX}{rank}").write_text("")
+
+
+def report_exit(code: int) -> int:
+    """In a worker started by launch_local: leave the exit code for the parent, and exit 0 to the agent."""
+    exit_dir = os.environ.get(EXIT_DIR_VARIABLE)
+    if not exit_dir:
+        return code
+    rank = os.environ.get("RANK", "0")
+    (Path(exit_dir) / rank).write_text(str(code))
+    return 0

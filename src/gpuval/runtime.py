@@ -470,8 +470,8 @@ def _end_stopped_peers(layout: dict[str, Any]) -> str:
     killed sooner, the agent would see that rank die and stop this one before it said anything), as
     gpuval.deadline does to silent ranks once the group runs. Returns '; rank 1 (stopped by a signal),
     stopped by gpuval' for the line, or ''."""
-    from gpuval.deadline import _is_gpuval
-    from gpuval.launch import _STATES, _STOPPED, _state, mark_ended
+    from gpuval.procstate import STATES, STOPPED, is_gpuval, state
+    from gpuval.rank_lines import mark_ended
 
     try:
         store = _agent_store(2.0)
@@ -483,10 +483,10 @@ def _end_stopped_peers(layout: dict[str, Any]) -> str:
                 continue
             host, _, pid_text = store.get(_arrived_key(rank)).decode().partition(" ")
             pid = int(pid_text) if pid_text.isdigit() else 0
-            if host == here and pid and _state(pid) in _STOPPED and _is_gpuval(pid):
+            if host == here and pid and state(pid) in STOPPED and is_gpuval(pid):
                 mark_ended(rank)
                 _PEERS_TO_END.append(pid)
                 ended.append(rank)
     except Exception:  # noqa: BLE001 (best effort: the launcher's own watch still ends them)
         return ""
-    return "".join(f"; rank {rank} ({_STATES['T']}), stopped by gpuval" for rank in ended)
+    return "".join(f"; rank {rank} ({STATES['T']}), stopped by gpuval" for rank in ended)
