@@ -40,7 +40,9 @@ class _Strict(BaseModel):
 def _not_text_or_boolean(value: Any) -> Any:
     """A metric's value as gpuval writes it, a number or null: JSON's `true` would read as 1.0 and "5" as
     5.0 in pydantic's lax mode. Non-finite values stay legal here: a measurement made in memory may hold
-    NaN, which `to_json` writes as null (and JSON files cannot hold: gpuval.inputs refuses them)."""
+    NaN, which `to_json` writes as null (and JSON files cannot hold: gpuval.inputs refuses them). Stricter
+    than a profile's numbers (config.Number), which take text that reads as a number: YAML 1.1 leaves
+    '1e-3' as text, while a metric gpuval wrote is always a JSON number."""
     if isinstance(value, (bool, str)):
         shown = json.dumps(value)[:40]
         raise PydanticCustomError(
