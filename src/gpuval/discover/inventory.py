@@ -20,6 +20,7 @@ from gpuval.discover.scheduler import scheduler_context
 from gpuval.discover.software import communication_env, software_versions
 from gpuval.discover.storage import mounts
 from gpuval.discover.topology import gpu_affinity, nvlink_summary, topology_matrix
+from gpuval.discover.transport import nccl_transport
 from gpuval.nvml import NvmlSnapshot, available, snapshot
 from gpuval.runtime import node_name as default_node_name
 
@@ -59,6 +60,7 @@ def node_inventory(
     if not nvml.ok and not gpus:
         gpus = torch_gpus()  # no NVML (a container without the library) but CUDA may still work
         gpu_source = "torch" if gpus else None
+    topology, infiniband = topology_matrix(reachable), infiniband_ports(root)
     return {
         "schema": SCHEMA,
         "node": node_name or default_node_name(dict(env)),
@@ -75,8 +77,9 @@ def node_inventory(
             {"index": gpu.index, "reason": gpu.name.reason} for gpu in nvml.gpus if not available(gpu.name)
         ],
         "pci_gpus": [gpu.to_json() for gpu in nvidia_gpus(root)],  # what the hardware holds, driver or not
-        "topology": topology_matrix(reachable),
-        "infiniband": infiniband_ports(root),
+        "topology": topology,
+        "infiniband": infiniband,
+        "nccl_transport": nccl_transport(env, infiniband, topology),
         "mounts": mounts(root),
         "scheduler": scheduler_context(env, root),
     }

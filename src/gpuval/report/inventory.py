@@ -120,6 +120,10 @@ def host_table(inventory: dict[str, Any]) -> Table:
         ),
     ]
     rows.append(("communication", communication_line(inventory)))
+    transport = inventory.get("nccl_transport")
+    if transport:  # gpuval.discover.transport: what the node's facts say NCCL would choose
+        rows.append(("NCCL inside the node", transport["inside_node"]))
+        rows.append(("NCCL between nodes", transport["between_nodes"]))
     for key, value in rows:
         table.add_row(key, value)
     return table
