@@ -336,8 +336,9 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _kill_workers(exit_dir: Path, sig: signal.Signals) -> int:
+    """Signal every worker still running, those that never registered (stopped before gpuval ran) too."""
     killed = 0
-    for pid in _worker_pids(exit_dir).values():
+    for pid in {**_children_by_rank(), **_worker_pids(exit_dir)}.values():
         if alive_child(pid):
             _signal_group(pid, sig)
             killed += 1
