@@ -418,7 +418,7 @@ def test_malformed_openai_records_are_skipped_and_counted_by_reason(tmp_path):
         "tools_unparseable": 3,
     }
     assert stats["skipped_examples"]["broken_call"] == [
-        "line 13: message 2: arguments: not JSON (Expecting value)",
+        "line 13: message 2: arguments: not JSON (EOF while parsing a value)",
         "line 14: message 2: arguments are a list, not an object",
         "line 15: message 2: a tool call without a function name",
     ]

@@ -6,6 +6,7 @@ prepare` skip valid records and write splits that `finetune eval`/`train` then r
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -185,6 +186,33 @@ def test_decode_json_refuses_exactly_the_nesting_json_problem_refuses(depth, lea
         assert rule is not None and "nested more than 64 levels deep" in str(exc), (depth, leaf)
     else:
         assert rule is None and decoded == value
+
+
+number_texts = st.one_of(
+    st.integers(-(10**60), 10**60).map(str),
+    st.builds(
+        lambda mantissa, exponent: f"{mantissa}e{exponent:+d}",
+        st.floats(0.1, 9.99, allow_nan=False).map(lambda v: f"{v:.6f}"),
+        st.integers(-400, 400),
+    ),
+)
+
+
+@settings(PROPERTY, max_examples=200)
+@given(number=number_texts, depth=st.integers(0, 60), siblings=json_values)
+def test_decode_json_refuses_exactly_the_numbers_out_of_range(number, depth, siblings):
+    """json.loads reads the numbers with its own parsers; decode_json's walk then refuses an integer past
+    MAX_INT either way and a float past the largest double, wherever it sits, and nothing else."""
+    value = float(number) if "e" in number else int(number)
+    out_of_range = abs(value) > MAX_INT if isinstance(value, int) else math.isinf(value)
+    text = f"[{json.dumps(siblings)}, {'[' * depth}{number}{']' * depth}]"
+    try:
+        decode_json(text)
+    except ValueError as exc:
+        assert out_of_range, (number, str(exc))
+        assert "too large" in str(exc) and "\n" not in str(exc)
+    else:
+        assert not out_of_range, number
 
 
 def test_decode_json_refuses_a_lone_surrogate_escape_and_keeps_a_pair():

@@ -8,15 +8,19 @@ Every problem is one UsageError line: the file, the place in it, and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import json
 import math
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 import yaml
 
 from gpuval.errors import UsageError
@@ -192,55 +196,99 @@ def load_yaml_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, Any]
 # --- JSON ------------------------------------------------------------------------------------------------
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (gpuval writes null for it)")
+@contextlib.contextmanager
+def collector_paused(freeze: bool = False) -> Iterator[None]:
+    """Python's cyclic garbage collector held off for the block (as it was before, after it). Building
+    the millions of objects of a large document triggers collections that each walk every object made so
+    far: reading and validating a 1,000-node result took 5.2 s with them and 2.9 s without
+    (benchmarks/report_scale.py). What JSON and pydantic build holds no reference cycle, so nothing is
+    left for the collector to find; reference counting frees the rest as always.
 
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:20]} is too large")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 40:
-        raise ValueError(f"integer of {len(text)} digits is too large")
-    value = int(text)
-    if abs(value) > MAX_INT:
-        raise ValueError(f"integer {value} is too large (at most {MAX_INT})")
-    return value
+    `freeze`, for a short command that has just read a large document: every object made so far is then
+    moved out of the collector's sight for the rest of the process (gc.freeze), so that neither the
+    collections of what the command does next nor the one at exit walk them again (~1.5 s for one such
+    result). Never in a long-lived process: cyclic garbage made before the freeze would never be freed."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if freeze:
+            gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 def decode_json(text: str) -> Any:
     """Strict JSON: no NaN/Infinity, no overflowing numbers, no lone surrogate, bounded nesting; any
-    problem is a ValueError (json.JSONDecodeError for the syntax)."""
+    problem is a ValueError (json.JSONDecodeError for the syntax, at its line and column).
+
+    Parsed by pydantic-core's JSON parser (jiter), which refuses NaN, Infinity and lone UTF-16
+    surrogates itself and reads a 1,000-node result in 1.1 s where json.loads took 1.6
+    (benchmarks/report_scale.py); the walk below bounds the nesting and the numbers."""
     try:
-        value = json.loads(
-            text, parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int
-        )
-    except RecursionError:
-        raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
-    # NaN, Infinity and numbers past any field were refused while parsing; what is left is the nesting
-    # and, only where the text escapes a UTF-16 surrogate at all, its strings (a 1,000-node result: 0.5 s
-    # against json_problem's 1.9 s on two cores, benchmarks/report_scale.py)
-    problem = _nesting_problem(value) or (json_problem(value) if _SURROGATE_ESCAPE.search(text) else None)
+        with collector_paused():
+            value = pydantic_core.from_json(text, allow_inf_nan=False)
+    except ValueError as exc:
+        raise _syntax_error(str(exc), text) from None
+    problem = _structure_problem(value)
     if problem:
         raise ValueError(problem)
     return value
 
 
-# \uD800-\uDFFF: the only way decoded JSON holds a surrogate, since the text itself is strict UTF-8
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_PARSER_PLACE = re.compile(r"(?P<msg>.*) at line (?P<line>\d+) column (?P<column>\d+)", re.S)
 
 
-def _nesting_problem(value: Any) -> str | None:
-    """json_problem's depth rule, level by level over the containers alone: a value nested more than
-    MAX_DEPTH levels (the top being level 0) is refused. For what json.loads made: dicts and lists
-    only, tested by exact type (a 1,000-node result: 0.5 s, against 0.9 s with isinstance and a
-    generator)."""
+def _syntax_error(said: str, text: str) -> ValueError:
+    """What the parser said, as the error json.loads would raise: a JSONDecodeError at the line and column
+    it names (a lone surrogate or nesting past the parser's own limit in gpuval's words)."""
+    found = _PARSER_PLACE.fullmatch(said)
+    if found is None:  # no place given: say it as it is
+        return ValueError(f"not JSON ({said})")
+    msg, line, column = found["msg"], int(found["line"]), int(found["column"])
+    if msg == "recursion limit exceeded":
+        return ValueError(f"nested more than {MAX_DEPTH} levels deep")
+    if "surrogate" in msg or "hex escape" in msg:  # not a syntax error: bad text, as NaN is a bad number
+        return ValueError(f"a string holds a lone UTF-16 surrogate ({msg} at line {line} column {column})")
+    start = 0
+    for _ in range(line - 1):  # the offset of the line named: json.JSONDecodeError counts from there
+        start = text.find("\n", start) + 1
+    at = min(len(text), start + max(column - 1, 0))
+    if _CONSTANT.match(text, max(at - 1, 0)) or _CONSTANT.match(text, at):
+        return ValueError(f"NaN and Infinity are not JSON (gpuval writes null for them; line {line})")
+    if text.startswith("\ufeff"):
+        msg = "a byte-order mark starts the text; save it as UTF-8 without one"
+    return json.JSONDecodeError(msg, text, at)
+
+
+_CONSTANT = re.compile(r"-?(?:NaN|Infinity)")
+
+
+_INFINITY = float("inf")
+
+
+def _number_problem(value: Any) -> str | None:
+    """Why a number the parser made is refused: an integer past MAX_INT either way, or a float past the
+    largest double (1e309 reads as infinity), or None."""
+    kind = type(value)
+    if kind is int and (value > MAX_INT or value < -MAX_INT):
+        # str() of an integer of thousands of digits is slow, and refused past sys.get_int_max_str_digits()
+        digits = round(value.bit_length() * 0.30103)  # log10(2): about this many digits
+        shown = str(value) if digits <= 40 else f"of about {digits} digits"
+        return f"integer {shown} is too large (at most {MAX_INT})"
+    if kind is float and (value == _INFINITY or value == -_INFINITY):
+        return "a number too large for a float (1.8e308 at most)"
+    return None
+
+
+def _structure_problem(value: Any) -> str | None:
+    """json_problem's depth rule, and the numbers' bounds, level by level: a value nested more than
+    MAX_DEPTH levels (the top being level 0) is refused, and so is a number _number_problem refuses. For
+    what the parser made: dicts, lists, int and float tested by exact type (bool is not int here; a
+    1,000-node result: ~0.4 s, against 0.9 s with isinstance and a generator)."""
     if type(value) is not dict and type(value) is not list:
-        return None
+        return _number_problem(value)
     level, depth = [value], 0
     while level:
         following: list[Any] = []
@@ -253,6 +301,11 @@ def _nesting_problem(value: Any) -> str | None:
                 kind = type(child)
                 if kind is dict or kind is list:
                     keep(child)
+                elif kind is int:
+                    if child > MAX_INT or child < -MAX_INT:
+                        return _number_problem(child)
+                elif kind is float and (child == _INFINITY or child == -_INFINITY):
+                    return _number_problem(child)
         level, depth = following, depth + 1
     return None
 

@@ -143,25 +143,26 @@ def load_result(path: Path) -> Result:
     from pydantic import ValidationError
 
     from gpuval.errors import UsageError
-    from gpuval.inputs import load_json
+    from gpuval.inputs import collector_paused, load_json
 
-    data = load_json(path, "result file", MAX_RESULT_BYTES)
-    found = data.get("schema") if isinstance(data, dict) else None
-    if found != SCHEMA_ID:
-        shown = "none" if found is None else repr(found)[:60]
-        raise UsageError(
-            f"{path} is not a gpuval result.json (schema: {shown}, expected {SCHEMA_ID}): pass the "
-            "result.json that gpuval accept or health wrote"
-        )
-    try:
-        return Result.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
-        raise UsageError(
-            f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
-            "result.json that gpuval accept or health wrote"
-        ) from None
+    with collector_paused():  # millions of objects for a large fleet's result: gpuval.inputs says why
+        data = load_json(path, "result file", MAX_RESULT_BYTES)
+        found = data.get("schema") if isinstance(data, dict) else None
+        if found != SCHEMA_ID:
+            shown = "none" if found is None else repr(found)[:60]
+            raise UsageError(
+                f"{path} is not a gpuval result.json (schema: {shown}, expected {SCHEMA_ID}): pass the "
+                "result.json that gpuval accept or health wrote"
+            )
+        try:
+            return Result.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ())) or "the document"
+            raise UsageError(
+                f"{path} is not a gpuval result.json ({where}: {first.get('msg', 'invalid')}): pass the "
+                "result.json that gpuval accept or health wrote"
+            ) from None
 
 
 def verdict(checks: list[Check]) -> Status:
