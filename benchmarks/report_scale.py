@@ -7,12 +7,13 @@ made again from the checks. The per-shape matmul sweep (`matmul_sweep`, 488 rows
 only: no report shows it) is left out unless --sweep. A second run of the same nodes (another seed) is
 compare's AFTER. Both are written as gpuval writes a result (indented JSON).
 
-Then times, as a user waits for them, `gpuval report A` and `gpuval compare A B` as child processes; and,
-in this process, their parts: reading and validating one file (gpuval.results.load_result, whose size
-limit, MAX_RESULT_BYTES, a result of this size is within), rendering the page, comparing, and printing
-the comparison table.
+Then times, as a user waits for them, `gpuval report A` and `gpuval compare A B` as child processes, each
+--runs times (median, fastest, slowest); and, in this process, their parts: reading and validating one
+file (gpuval.results.load_result, whose size limit, MAX_RESULT_BYTES, a result of this size is within),
+rendering the page, reading both files (the later in a child: gpuval.forked), comparing, and printing the
+comparison table.
 
-    python benchmarks/report_scale.py [--nodes 1000] [--gpus 8] [--sweep] [--output figures.json]
+    python benchmarks/report_scale.py [--nodes 1000] [--gpus 8] [--sweep] [--runs 5] [--output figures.json]
 
 Issue 50's goal: report and compare ≤ 5 s each on a 2-core machine.
 """
@@ -26,12 +27,14 @@ import json
 import os
 import platform
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import fleet_scale  # beside this file: python puts the script's folder on sys.path
 
@@ -76,14 +79,27 @@ def _write(document: dict, path: Path) -> int:
     return len(text.encode("utf-8"))
 
 
-def _child(args: list[str]) -> dict:
-    """`python -m gpuval ARGS`: its wall time, exit code and the last line it said on stderr."""
+def _child(args: list[str], runs: int) -> dict:
+    """`python -m gpuval ARGS`, `runs` times one after the other: the median, fastest and slowest wall
+    time (a shared host's speed moves by a quarter from minute to minute), the exit codes and the last
+    line said on stderr."""
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), COLUMNS="150", NO_COLOR="1")
-    began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gpuval", *args], capture_output=True, text=True, env=env)
-    wall_s = time.perf_counter() - began
-    said = (proc.stderr.strip().splitlines() or [""])[-1][:300]
-    return {"wall_s": round(wall_s, 2), "exit_code": proc.returncode, "stderr_last_line": said}
+    walls, codes, said = [], [], ""
+    for _ in range(runs):
+        began = time.perf_counter()
+        command = [sys.executable, "-m", "gpuval", *args]
+        proc = subprocess.run(command, capture_output=True, text=True, env=env)
+        walls.append(round(time.perf_counter() - began, 2))
+        codes.append(proc.returncode)
+        said = (proc.stderr.strip().splitlines() or [""])[-1][:300]
+    return {
+        "wall_s": walls,
+        "median_s": round(statistics.median(walls), 2),
+        "min_s": min(walls),
+        "max_s": max(walls),
+        "exit_codes": codes,
+        "stderr_last_line": said,
+    }
 
 
 def _timed(work):
@@ -93,32 +109,37 @@ def _timed(work):
 
 
 def _in_process(before: Path, after: Path) -> dict:
-    """Each command's parts, timed in this process."""
+    """Each command's parts, timed in this process as the commands run them."""
     from rich.console import Console
 
-    from gpuval.report.compare import compare, summarize
+    from gpuval.inputs import collector_paused
+    from gpuval.report.compare import compare, lost_metrics, read_sides, summarize
     from gpuval.report.console import print_comparison
     from gpuval.report.html import render_html
     from gpuval.results import load_result
 
-    a, read_a = _timed(lambda: load_result(before))
-    b, read_b = _timed(lambda: load_result(after))
-    page, render_s = _timed(lambda: render_html(a))
-    (rows, unmatched), compare_s = _timed(lambda: compare(a, b))
+    def read() -> Any:
+        with collector_paused(freeze=True):
+            return load_result(before)
+
+    result, read_s = _timed(read)
+    page, render_s = _timed(lambda: render_html(result))
+    (side_a, side_b), sides_s = _timed(lambda: read_sides(before, after))
+    (rows, unmatched), compare_s = _timed(lambda: compare(side_a, side_b))
     summaries, summarize_s = _timed(lambda: summarize(rows, 0.0))
+    _, lost_s = _timed(lambda: lost_metrics(side_a, side_b))
     console = Console(file=io.StringIO(), width=150)
     _, print_s = _timed(
         lambda: print_comparison(rows, unmatched, str(before), str(after), console, summaries=summaries)
     )
     return {
-        "read_and_validate_s": [read_a, read_b],
+        "report_read_and_validate_s": read_s,
         "report_render_s": render_s,
         "report_page_mib": round(len(page.encode("utf-8")) / 2**20, 2),
-        "compare_s": round(compare_s + summarize_s, 2),
+        "compare_read_both_s": sides_s,
+        "compare_s": round(compare_s + summarize_s + lost_s, 2),
         "compare_print_s": print_s,
         "compared_measurements": len(summaries),
-        "report_total_s": round(read_a + render_s, 2),
-        "compare_total_s": round(read_a + read_b + compare_s + summarize_s + print_s, 2),
     }
 
 
@@ -128,6 +149,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--base", type=Path, default=fleet_scale.BASE_8GPU)
     parser.add_argument("--sweep", action="store_true", help="keep the per-shape matmul sweep rows")
+    parser.add_argument("--runs", type=int, default=5, help="times each command is run (default 5)")
     parser.add_argument("--output", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "src"))
@@ -146,8 +168,8 @@ def main() -> int:
         sizes = [_write(synthesise(base, names, seed), path) for seed, path in ((50, before), (51, after))]
         made_s = time.perf_counter() - began
         cli = {
-            "report": _child(["report", str(before), "--output", f"{tmp}/report.html"]),
-            "compare": _child(["compare", str(before), str(after)]),
+            "report": _child(["report", str(before), "--output", f"{tmp}/report.html"], args.runs),
+            "compare": _child(["compare", str(before), str(after)], args.runs),
         }
         parts = _in_process(before, after)
     figures = {

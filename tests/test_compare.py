@@ -4,6 +4,8 @@ once (by all its metrics, shown by its headline), and the exit code."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from conftest import cli_env
@@ -270,3 +272,70 @@ def test_results_with_nothing_in_common_are_bad_input(tmp_path, gpuval):
     proc = gpuval(["compare", str(before), str(after)], tmp_path)
     assert proc.returncode == 2
     assert "share no measurement" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def _both_ways(monkeypatch: pytest.MonkeyPatch, child: bool) -> None:
+    """read_sides reads the later file in a forked child where it can; `child` forces either way (a
+    pytest worker runs threads, which alone would keep it to one process)."""
+    import gpuval.forked
+
+    monkeypatch.setattr(gpuval.forked.threading, "active_count", lambda: 1 if child else 2)
+
+
+def _recorded_read(path):
+    """report.compare._read_side, saying which process ran it (a module-level function: the child is
+    handed it by name)."""
+    from gpuval.report.compare import Side, side_of
+    from gpuval.results import load_result
+
+    Path(os.environ["GPUVAL_TEST_READ_BY"]).write_text(str(os.getpid()))
+    side: Side = side_of(load_result(path))
+    return side
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["later-in-a-child", "one-process"])
+def test_read_sides_in_a_child_reads_what_one_process_reads(tmp_path, monkeypatch, child):
+    from gpuval.report.compare import read_sides, side_of
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(BEFORE.to_json())
+    after.write_text(AFTER.model_copy(update={"verdict": Status.ERROR}).to_json())
+    _both_ways(monkeypatch, child)
+    import gpuval.report.compare as module
+
+    marker = tmp_path / "read-by"
+    monkeypatch.setenv("GPUVAL_TEST_READ_BY", str(marker))
+    monkeypatch.setattr(module, "_read_side", _recorded_read)
+    earlier, later = read_sides(before, after)
+    assert (marker.read_text() != str(os.getpid())) == child  # the later file read by another process
+    assert earlier == side_of(BEFORE) and later.verdict == "ERROR"
+    assert later.values == side_of(AFTER).values
+    assert compare(earlier, later) == compare(BEFORE, AFTER)
+
+
+@pytest.mark.parametrize("child", [True, False], ids=["later-in-a-child", "one-process"])
+def test_read_sides_says_the_earlier_files_fault_first_then_the_later_ones(tmp_path, monkeypatch, child):
+    from gpuval.errors import UsageError
+    from gpuval.report.compare import read_sides
+
+    good, broken, other = tmp_path / "good.json", tmp_path / "broken.json", tmp_path / "other.json"
+    good.write_text(BEFORE.to_json())
+    broken.write_text(BEFORE.to_json().replace('"verdict": "PASS"', '"verdict": "MAYBE"'))
+    other.write_text("{not json")
+    _both_ways(monkeypatch, child)
+    with pytest.raises(UsageError, match=rf"^{broken} is not a gpuval result.json \(verdict: "):
+        read_sides(good, broken)  # the later file's fault, found in the child where there is one
+    with pytest.raises(UsageError, match=rf"^result file '{other}': not JSON \(line 1, column 2"):
+        read_sides(other, broken)
+
+
+def test_a_broken_later_file_read_in_a_child_is_one_line(tmp_path, gpuval):
+    """The command as a user runs it (no threads: the later file is read in a forked child): the child's
+    refusal is the command's one line, exit 2."""
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(BEFORE.to_json())
+    after.write_text(AFTER.to_json()[:-40])  # cut short
+    proc = gpuval(["compare", str(before), str(after)], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.startswith(f"gpuval: result file '{after}': not JSON (line "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -16,6 +16,7 @@ other text (a result.json written by hand) use the lenient `node_of` and `place_
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -154,6 +155,12 @@ class Scope:
 
 def read(text: str) -> Scope | None:
     """The scope `text` names, or None where it is of no known shape (a lenient reader of files)."""
+    return _read(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=2**17)  # a 1,000-node result names ~65,000 scopes, most of them many times
+def _read(text: str) -> Scope | None:
+    """read(), once per text: a Scope is immutable, so readers share one."""
     try:
         return Scope.parse(text)
     except ScopeError:

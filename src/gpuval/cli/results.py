@@ -220,17 +220,22 @@ def report(
     output: Annotated[Path | None, output_file("the HTML report", "report.html beside RESULT")] = None,
 ) -> int:
     """Render a self-contained HTML report (verdict, problems, nodes, plots) from a result.json."""
-    from gpuval.report.html import write_html
+    from gpuval.inputs import collector_paused
+    from gpuval.report.html import drawing_child, write_html
     from gpuval.results import load_result
 
-    loaded = load_result(result)
     target = output or result.parent / "report.html"
     if target.is_dir():
         raise UsageError(f"--output '{target}' is a directory; give a file name, e.g. {target}/report.html")
-    try:
-        write_html(loaded, target)
-    except OSError as exc:
-        raise UsageError(f"cannot write {target}: {exc.strerror or exc}: choose another --output") from None
+    with drawing_child() as drawing:  # forked before the file is read (gpuval.forked)
+        with collector_paused(freeze=True):  # a short command: gpuval.inputs says why
+            loaded = load_result(result)
+        try:
+            write_html(loaded, target, drawing)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot write {target}: {exc.strerror or exc}: choose another --output"
+            ) from None
     say(f"wrote {target}")
     return EXIT_PASS
 
@@ -256,12 +261,11 @@ def compare(
     """Every measurement both results share, side by side: its headline metric's change and whether the
     measurement as a whole got better or worse (--all: every metric)."""
     from gpuval.report.compare import compare as compare_results
-    from gpuval.report.compare import lost_metrics, summarize, to_json
+    from gpuval.report.compare import lost_metrics, read_sides, summarize, to_json
     from gpuval.report.console import print_comparison
     from gpuval.report.limits import cut
-    from gpuval.results import load_result
 
-    earlier, later = load_result(before), load_result(after)
+    earlier, later = read_sides(before, after)
     rows, unmatched = compare_results(earlier, later)
     if not rows:
         raise UsageError(
@@ -275,8 +279,8 @@ def compare(
     if fail_on_regression is None:
         return EXIT_PASS
     lost = lost_metrics(earlier, later)
-    if later.verdict.value == "ERROR" or unmatched["only_before"] or lost:  # a run that lost some regressed
-        why = [f"its verdict is {later.verdict.value}"] if later.verdict.value == "ERROR" else []
+    if later.verdict == "ERROR" or unmatched["only_before"] or lost:  # a run that lost some regressed
+        why = [f"its verdict is {later.verdict}"] if later.verdict == "ERROR" else []
         if unmatched["only_before"]:
             why.append(f"it lost {unmatched['only_before']} measurement(s) that {before} has")
         if lost:

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpuval import metrics
 from gpuval.atomic import write_text_atomic
+from gpuval.forked import Later, waiting_child
 from gpuval.metrics import MeasurementDecl, Metric
 from gpuval.report.console import format_bound
 from gpuval.report.limits import (
@@ -73,13 +74,36 @@ code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 """
 
 
-def render_html(result: Result) -> str:
-    """The whole page for `result`."""
+def drawing_child() -> Later[tuple[str | None, str | None]]:
+    """A child for render_html, forked now (before a large result is read: gpuval.forked says why), that
+    imports matplotlib at once and draws the per-GPU and P2P plots when render_html sends it what they are
+    drawn from."""
+    return waiting_child(_draw_apart, warm=_import_matplotlib)
+
+
+def render_html(result: Result, drawing: Later[tuple[str | None, str | None]] | None = None) -> str:
+    """The whole page for `result`. With `drawing` (drawing_child), the per-GPU and P2P plots, the slowest
+    part of a large result's page (8,000 GPUs and 56,000 pairs of 1,000 nodes), are drawn there from what
+    is read of `result` here, while this process makes the rest; without, all here."""
+    apart = (_guarded(_per_gpu_panels, result), _guarded(_p2p_pairs, result))
+    if drawing is not None:
+        drawing.send(*apart)
+    collectives = _guarded(_collectives_plot, result)
+    train = _guarded(_train_plot, result)
+    before = [
+        _banner(result),
+        "<main>",
+        _problems(result.checks),
+        soak_section(result, _figure, _svg),  # '' unless the result holds a soak's iterations
+        _inventory(result),
+    ]
+    after = [_all_checks(result.checks), "</main>"]
+    per_gpu, p2p = drawing.result() if drawing is not None else _draw_apart(*apart)
     plots = [
-        ("collectives", "Collectives: bus bandwidth by message size", _guarded(_collectives_plot, result)),
-        ("per-gpu", "Per GPU: matmul and HBM against the median", _guarded(_per_gpu_plot, result)),
-        ("p2p", "GPU-to-GPU copy bandwidth", _guarded(_p2p_plot, result)),
-        ("train", "Training throughput", _guarded(_train_plot, result)),
+        ("collectives", "Collectives: bus bandwidth by message size", collectives),
+        ("per-gpu", "Per GPU: matmul and HBM against the median", per_gpu),
+        ("p2p", "GPU-to-GPU copy bandwidth", p2p),
+        ("train", "Training throughput", train),
     ]
     drawn = [
         f'<figure id="plot-{key}"><figcaption>{html.escape(caption)}</figcaption>{svg}</figure>'
@@ -87,14 +111,9 @@ def render_html(result: Result) -> str:
         if svg is not None
     ]
     parts = [
-        _banner(result),
-        "<main>",
-        _problems(result.checks),
-        soak_section(result, _figure, _svg),  # '' unless the result holds a soak's iterations
-        _inventory(result),
+        *before,
         "<h2>Plots</h2>" + ("".join(drawn) or "<p>No measurement to plot in this result.</p>"),
-        _all_checks(result.checks),
-        "</main>",
+        *after,
     ]
     title = cut(f"gpuval {result.verdict.value} · {result.profile} · {result.started_at}")
     return (
@@ -104,9 +123,17 @@ def render_html(result: Result) -> str:
     )
 
 
-def _guarded(plot: Any, result: Result) -> str | None:
-    """A plot, or a line saying why it is not drawn: a result file may hold values gpuval never writes
-    (the schema leaves params and settings open), and the rest of the page is still worth having."""
+def _draw_apart(panels: Any, pairs: Any) -> tuple[str | None, str | None]:
+    """The per-GPU and P2P plots from what render_html read for them (in a child where there can be one)."""
+    return _guarded(_per_gpu_draw, panels), _guarded(_p2p_draw, pairs)
+
+
+def _guarded(plot: Any, result: Any) -> Any:
+    """A plot (or what it is drawn from), or a line saying why it is not drawn: a result file may hold
+    values gpuval never writes (the schema leaves params and settings open), and the rest of the page is
+    still worth having. A line given instead of what to draw from is handed on as it is."""
+    if isinstance(result, str):
+        return result
     try:
         return plot(result)
     except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
@@ -129,8 +156,10 @@ def _thresholds(result: Result) -> dict[str, Any]:
     return _dict(_dict(result.settings.get("profile")).get("checks"))
 
 
-def write_html(result: Result, path: Path) -> Path:
-    write_text_atomic(path, render_html(result))
+def write_html(
+    result: Result, path: Path, drawing: Later[tuple[str | None, str | None]] | None = None
+) -> Path:
+    write_text_atomic(path, render_html(result, drawing))
     return path
 
 
@@ -237,6 +266,13 @@ def _inventory(result: Result) -> str:
 # --- plots ---------------------------------------------------------------------------------------------
 
 
+def _import_matplotlib() -> None:  # what _figure needs: the drawing child's head start
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure  # noqa: F401
+
+
 def _figure(width: float, height: float) -> Any:
     import matplotlib
 
@@ -305,7 +341,11 @@ def _collectives_plot(result: Result) -> str | None:
     return _svg(figure)
 
 
-def _per_gpu_plot(result: Result) -> str | None:
+_Panels = tuple[list[tuple[str, str, str, list[tuple[str, float]]]], dict[str, Any]]
+
+
+def _per_gpu_panels(result: Result) -> _Panels:
+    """(name, metric, label, [(GPU, value)]) for every per-GPU metric measured, and the profile's bounds."""
     panels: list[tuple[str, str, str, list[tuple[str, float]]]] = []
     for decl, declared in _shown("per_gpu"):
         metric = declared.key
@@ -316,9 +356,13 @@ def _per_gpu_plot(result: Result) -> str | None:
         ]
         if values:
             panels.append((decl.name, metric, f"{declared.description} ({declared.unit})", values))
+    return panels, _thresholds(result)
+
+
+def _per_gpu_draw(prepared: _Panels) -> str | None:
+    panels, thresholds = prepared
     if not panels:
         return None
-    thresholds = _thresholds(result)
     figure = _figure(9, 2.6 * len(panels))
     axes_list = figure.subplots(len(panels), 1, squeeze=False)[:, 0]
     for axes, (name, metric, label, values) in zip(axes_list, panels, strict=True):
@@ -357,7 +401,11 @@ def _sorted_line(axes: Any, values: list[tuple[str, float]], direction: int) -> 
     axes.set_xlabel(f"{len(values):,} GPUs, worst first", fontsize=8)
 
 
-def _p2p_plot(result: Result) -> str | None:
+_Pairs = tuple[dict[str, dict[tuple[int, int], float]], set[str]]
+
+
+def _p2p_pairs(result: Result) -> _Pairs:
+    """Every node's measured copies, {node: {(src, dst): value}}, and their units."""
     plotted = {decl.name: metric for decl, metric in _shown("pair_matrix")}
     by_node: dict[str, dict[tuple[int, int], float]] = defaultdict(dict)
     units = set()
@@ -369,6 +417,12 @@ def _p2p_plot(result: Result) -> str | None:
             units.add(metric.unit)
             node = node_of(m.scope) or m.scope
             by_node[node][(int(src), int(dst))] = float(copy)
+    return by_node, units
+
+
+def _p2p_draw(pairs: _Pairs) -> str | None:
+    """The matrices of the nodes with the weakest link (all of them up to MAX_MATRICES)."""
+    by_node, units = pairs
     if not by_node:
         return None
     import numpy as np
