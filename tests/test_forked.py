@@ -150,3 +150,36 @@ def test_what_the_parent_printed_before_the_fork_is_printed_once(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     can = (os.cpu_count() or 1) >= 2 and len(os.sched_getaffinity(0)) >= 2
     assert proc.stdout == f"before the fork\nchild {can} 3\n"
+
+
+def test_a_child_whose_parent_is_killed_ends_when_its_work_is_done(tmp_path):
+    """SIGKILL leaves no clean-up to the parent: the child, which holds no copy of the parent's end of the
+    pipe, finds it broken when it answers (or waits for arguments) and ends without a word."""
+    script = (
+        "import os, signal, sys, time; sys.path.insert(0, sys.argv[1])\n"
+        "from gpuval.forked import in_child, waiting_child\n"
+        "busy = in_child(time.sleep, 1.0)\n"
+        "idle = waiting_child(time.sleep)\n"
+        "print(busy._process.pid, idle._process.pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(REPO / "src")], capture_output=True, text=True, timeout=60
+    )
+    if not proc.stdout.strip():
+        pytest.skip("one CPU or no fork() here: no child to leave behind")
+    assert proc.returncode == -signal.SIGKILL and proc.stderr == "", proc.stderr
+    children = [int(pid) for pid in proc.stdout.split()]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(pid) for pid in children):
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan is reaped by init, which may take a moment)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

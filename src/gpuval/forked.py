@@ -17,6 +17,7 @@ A child ends silently at SIGINT/SIGTERM (the command says the one line); a child
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -55,7 +56,7 @@ class Later(Generic[T]):
         self._pipe, theirs = context.Pipe()
         for stream in (sys.stdout, sys.stderr):  # the child flushes them when it ends: never twice
             stream.flush()
-        self._process = context.Process(target=_answer, args=(theirs, work, warm), daemon=True)
+        self._process = context.Process(target=_answer, args=(theirs, self._pipe, work, warm), daemon=True)
         self._process.start()
         theirs.close()
 
@@ -114,9 +115,11 @@ def waiting_child(work: Callable[..., T], warm: Callable[[], object] | None = No
     return Later(work, warm)
 
 
-def _answer(pipe: Any, work: Callable[..., Any], warm: Callable[[], object] | None) -> None:
+def _answer(pipe: Any, parents: Any, work: Callable[..., Any], warm: Callable[[], object] | None) -> None:
     """In the child: warm up, wait for the arguments, do the work and send (True, value) or (False, the
-    exception). A parent that goes away first ends the child."""
+    exception). A parent that goes away first ends the child: the child closes its copy of the parent's
+    end at once, so that the pipe breaks when the parent's own copy goes."""
+    parents.close()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if warm is not None:
@@ -134,6 +137,10 @@ def _answer(pipe: Any, work: Callable[..., Any], warm: Callable[[], object] | No
         answer = (False, exc)
     try:
         pipe.send(answer)
+    except OSError:  # the parent is gone (killed): nobody to tell
+        return
     except Exception as exc:  # noqa: BLE001 - an exception (or value) that does not pickle
-        pipe.send((False, RunError(f"a child process of gpuval failed: {type(exc).__name__}: {exc}"[:300])))
+        with contextlib.suppress(OSError):
+            said = f"a child process of gpuval failed: {type(exc).__name__}: {exc}"[:300]
+            pipe.send((False, RunError(said)))
     pipe.close()
