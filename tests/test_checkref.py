@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuval import derived
-from gpuval.checkref import CheckRef, CheckRefError
+from gpuval.checkref import DRIFT, FLEET, SOAK, CheckRef, CheckRefError, family_of, in_family, member_of
 from gpuval.config import Profile
 from gpuval.results import Measurement
 
@@ -68,3 +68,25 @@ def test_derived_measurements_are_registered_by_their_own_modules():
     assert found["correct"].checks is not None and found["correct"].decl is None
     assert [ref.name for ref, _ in derived.default_checks()] == ["outliers.collectives_pct"]
     assert derived.get("all_reduce") is None
+
+
+@pytest.mark.parametrize(
+    ("family", "member", "name"),
+    [
+        (DRIFT, "matmul.bf16_tflops", "drift.matmul.bf16_tflops"),  # a check of a check keeps its dots
+        (SOAK, "ecc.uncorrected_volatile", "soak.ecc.uncorrected_volatile"),
+        (SOAK, "iterations", "soak.iterations"),
+        (FLEET, "driver", "fleet.driver"),
+        ("matmul", "run", "matmul.run"),
+    ],
+)
+def test_a_family_member_name_reads_back_as_built(family, member, name):
+    assert in_family(family, member) == name
+    assert member_of(name, family) == member and family_of(name) == family
+    assert member_of(name, "other") is None
+
+
+@pytest.mark.parametrize("name", ["drift", "processes", "drift.", "driftless.x", "gpu.count"])
+def test_a_name_of_another_family_or_none_is_no_member(name):
+    assert member_of(name, DRIFT) is None
+    assert family_of(name) == name.partition(".")[0]

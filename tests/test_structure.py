@@ -28,6 +28,14 @@ DERIVED_PACKAGE = "gpuval/derived/"
 _DERIVED_NAMES = {"outliers", "correct"}
 # a string literal (or an f-string's first piece) that begins a scope of any kind
 _SCOPE_LITERAL = re.compile(r"(gpu|node|link|cpu|pair):")
+# The one module that builds and reads check names of the families made of other checks (gpuval.checkref).
+CHECKREF_MODULE = "gpuval/checkref.py"
+_FAMILY_LITERAL = re.compile(r"(drift|soak|fleet)\.(?!(json|html|xml|prom|yaml)\b)")  # not a file's name
+# a check name taken apart at its '.' by hand: name.partition("."), names[0].split("."), check.name.split(".")
+_NAME_SPLIT = re.compile(
+    r'name\w*(\[\d+\])?\.(partition|split|removeprefix)\("\.'  # at its '.'
+    r"|removeprefix\(['\"](drift|soak|fleet)\."  # or its family cut off
+)
 
 
 def _module_name(path: Path) -> str:
@@ -259,8 +267,9 @@ def test_every_declared_data_table_exists_and_says_it_is_one():
         assert "a data table" in docstring.lower(), f"{relative}'s docstring does not declare a data table"
 
 
-def _scope_literals(tree: ast.AST) -> list[int]:
-    """Lines of string literals, docstrings aside, that begin a scope: 'gpu:', f"node:{name}", 'pair:'."""
+def _scope_literals(tree: ast.AST, pattern: re.Pattern[str] = _SCOPE_LITERAL) -> list[int]:
+    """Lines of string literals, docstrings aside, that begin a scope: 'gpu:', f"node:{name}", 'pair:'
+    (or whatever `pattern` matches at their start)."""
     docstrings = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
@@ -273,7 +282,7 @@ def _scope_literals(tree: ast.AST) -> list[int]:
         if isinstance(node, ast.Constant)
         and isinstance(node.value, str)
         and id(node) not in docstrings
-        and _SCOPE_LITERAL.match(node.value)
+        and pattern.match(node.value)
     )
 
 
@@ -295,6 +304,41 @@ def test_scope_strings_are_built_and_split_only_in_the_scope_module():
     assert not found, "scope strings built or split outside gpuval/scope.py (use Scope):\n  " + "\n  ".join(
         sorted(set(found))
     )
+
+
+def test_derived_check_names_are_built_and_read_only_in_checkref():
+    """'drift.<check>', 'soak.<check>', 'fleet.<label>' are built with gpuval.checkref.in_family and read
+    with member_of and family_of: a module writing f"drift.{name}" or splitting a name at its '.' itself
+    would let the names apart from what their readers (history, arrivals, the fleet view) expect."""
+    found = []
+    for path in sorted((SRC / PACKAGE).rglob("*.py")):
+        relative = path.relative_to(SRC).as_posix()
+        if relative == CHECKREF_MODULE:
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        found += [
+            f"{relative}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if _NAME_SPLIT.search(line)
+        ]
+        literals = _scope_literals(ast.parse(text), _FAMILY_LITERAL)
+        found += [f"{relative}:{n}: {lines[n - 1].strip()}" for n in literals]
+    assert not found, (
+        "check names built or split outside gpuval/checkref.py (use in_family, member_of, family_of):\n  "
+        + "\n  ".join(sorted(set(found)))
+    )
+
+
+def test_the_check_name_rule_sees_builders_and_splitters():
+    tree = ast.parse(
+        'x = f"drift.{name}"\ny = c.name.startswith("soak.")\nz = "fleet.driver"\nw = "driftless"\n'
+    )
+    assert _scope_literals(tree, _FAMILY_LITERAL) == [1, 2, 3]
+    assert _NAME_SPLIT.search('target, _, rest = name.partition(".")')
+    assert _NAME_SPLIT.search('family = names[0].split(".")[0]')
+    assert _NAME_SPLIT.search('check.name.split(".", 1)')
+    assert _NAME_SPLIT.search("plain = name.removeprefix('soak.')")
+    assert not _NAME_SPLIT.search('parts = key.strip().split(".")')
+    assert not _scope_literals(ast.parse('FILES = ("fleet.json", "fleet.html")'), _FAMILY_LITERAL)
 
 
 def test_derived_measurements_are_named_only_in_their_own_modules():

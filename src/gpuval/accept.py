@@ -15,7 +15,7 @@ from gpuval import __version__, derived
 from gpuval.bench.registry import all_benchmarks
 from gpuval.bench.registry import producers as benchmark_producers
 from gpuval.bench.run import Outcome, run_benchmarks
-from gpuval.checkref import CheckRef
+from gpuval.checkref import DRIFT, CheckRef, in_family
 from gpuval.checks import threshold_checks
 from gpuval.config import Profile
 from gpuval.deadline import phase
@@ -245,7 +245,7 @@ def run_accept(
     covered = {producers.get(ref.measurement) for c in bench_checks if (ref := CheckRef.read(c.name))}
     for name, (status, reason) in outcome.not_run.items():
         if (status is Status.ERROR or name in blamed) and name not in covered:
-            bench_checks.append(Check(name=f"{name}.run", status=status, detail=reason))
+            bench_checks.append(Check(name=in_family(name, "run"), status=status, detail=reason))
     checks = health_checks + annotate(_excuse(bench_checks, failed), arrived, producers)
     return Result(
         verdict=verdict(checks),
@@ -357,7 +357,7 @@ def with_drift(result: Result, history: Path | None, settings: Any) -> Result:
     try:
         drift = drift_checks(history, result, settings)
     except UsageError as exc:
-        drift = [Check(name="drift", status=Status.ERROR, detail=str(exc))]
+        drift = [Check(name=DRIFT, status=Status.ERROR, detail=str(exc))]
     if not drift:
         return result
     arrived = arrivals_of([result.inventory.get("arrived_processes")])

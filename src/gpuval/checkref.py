@@ -1,9 +1,16 @@
-"""A profile check's reference: which measurement's metric it bounds, at which size, parsed once.
+"""Check names, built and read here and nowhere else: a profile check's reference, and the families.
 
 A profile names a check '<measurement>.<metric>' ('all_reduce.busbw_gbps', 'outliers.matmul_pct') and may
 select one size of a swept measurement with its threshold's `bytes`. `CheckRef` is that name and size as a
 value: gpuval.config parses every check of a profile into one when the profile is validated
 (`Profile.check_refs`), and the name and its size are written out here and nowhere else.
+
+Every check name is '<family>.<member>' or a family alone: a health family's checks ('ecc.uncorrected'),
+a benchmark's ('matmul.bf16_tflops', its 'matmul.run'), and the checks made of other checks, whose member
+is that other check's name or a label: DRIFT (a check against the node's own past,
+'drift.matmul.bf16_tflops'), SOAK (over a soak's iterations, 'soak.membw.copy_tbps', 'soak.iterations')
+and FLEET (across the nodes of one run, 'fleet.driver'). `in_family` builds such a name, `member_of` and
+`family_of` read one back (tests/test_structure.py holds every other module to them).
 """
 
 from __future__ import annotations
@@ -69,3 +76,27 @@ class CheckRef:
             and self.metric in measurement.metrics
             and (self.bytes is None or measurement.params.get("bytes") == self.bytes)
         )
+
+
+DRIFT = "drift"  # a check against the node's own recent past (gpuval.history)
+SOAK = "soak"  # a check over a soak's iterations (gpuval.soak_judge)
+FLEET = "fleet"  # a check across the nodes of one run (gpuval.health.fleet)
+
+
+def in_family(family: str, member: str) -> str:
+    """The name of `family`'s check `member`: in_family(DRIFT, 'matmul.bf16_tflops') is
+    'drift.matmul.bf16_tflops', in_family('matmul', 'run') is 'matmul.run'."""
+    return f"{family}.{member}"
+
+
+def member_of(name: str, family: str) -> str | None:
+    """What check `name` of `family` is of: member_of('drift.matmul.bf16_tflops', DRIFT) is
+    'matmul.bf16_tflops'; None for a name of another family, or the family's own name alone."""
+    found, dot, member = name.partition(".")
+    return member if found == family and dot and member else None
+
+
+def family_of(name: str) -> str:
+    """A check's family: its name up to the first '.' ('ecc' for 'ecc.uncorrected', 'drift' for every
+    drift check), the whole name where it has none ('drift', 'processes')."""
+    return name.partition(".")[0]

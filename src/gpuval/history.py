@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuval import derived, metrics
+from gpuval.checkref import DRIFT, family_of, in_family
 from gpuval.errors import UsageError
 from gpuval.history_db import as_written, check_every_row, connect, reading
 from gpuval.results import Check, Result, Status
@@ -115,7 +116,7 @@ def _judged(result: Result) -> list[Check]:
     return [
         c
         for c in result.checks
-        if c.value is not None and not c.name.startswith("drift.") and _direction(c.name) != 0
+        if c.value is not None and family_of(c.name) != DRIFT and _direction(c.name) != 0
     ]
 
 
@@ -162,7 +163,7 @@ def drift_checks(path: Path, result: Result, settings: Any) -> list[Check]:
             whose = f"this GPU's ({short_uuid(uuid)})" if uuid else "this node's"
             checks.append(
                 Check(
-                    name=f"drift.{check.name}",
+                    name=in_family(DRIFT, check.name),
                     status=Status.FAIL if settings.fail else Status.WARN,
                     value=check.value,
                     threshold={"min" if sign > 0 else "max": edge, "median": median, "runs": len(rows)},
@@ -204,7 +205,7 @@ def _not_judged_yet(too_few: list[tuple[Check, int]], judged: int, needed: int, 
             f"{check.scope}): fewer than the {needed} {past} each needs (history.min_runs)"
         )
     scope = Scope.of_node(nodes[0]) if len(nodes) == 1 else Scope.cluster()
-    return Check(name="drift", status=Status.SKIP, scope=str(scope), detail=detail)
+    return Check(name=DRIFT, status=Status.SKIP, scope=str(scope), detail=detail)
 
 
 def record(path: Path, result: Result) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuval import __version__
+from gpuval.checkref import SOAK, in_family, member_of
 from gpuval.errors import GpuvalError, Interrupted, UsageError
 from gpuval.jsonl import escape_breaks
 from gpuval.launch import EXIT_DIR_VARIABLE
@@ -354,7 +355,7 @@ def _headline(
             failed = [f"{c.name} on {c.scope}" for c in result.checks if c.status is Status.FAIL]
             firsts.setdefault(k, []).extend(failed[:3])
     for (name, scope), first in judged.first_bad.items():
-        plain = f"{name.removeprefix('soak.')} on {scope}"  # the iteration's own FAIL says it already
+        plain = f"{member_of(name, SOAK) or name} on {scope}"  # the iteration's own FAIL says it already
         if plain not in firsts.get(first, []):
             firsts.setdefault(first, []).append(f"{name} on {scope}")
     first_failing = min(firsts) if firsts else None
@@ -384,7 +385,7 @@ def _headline(
             f"its course; {detail}"
         )
     headline = Check(
-        name="soak.iterations",
+        name=in_family(SOAK, "iterations"),
         status=status,
         value=count,
         threshold=threshold,

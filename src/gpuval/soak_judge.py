@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuval import derived, metrics
-from gpuval.checkref import CheckRef
+from gpuval.checkref import DRIFT, SOAK, CheckRef, family_of, in_family
 from gpuval.results import Check, Result, Status
 from gpuval.scope import Scope
 
@@ -154,7 +154,7 @@ def _intermittent(iterations: list[Result], judged: Judged) -> None:
     keys = dict.fromkeys(key for keyed in per_iteration for key in keyed)
     for key in keys:
         name, scope, _ = key
-        if name.startswith(("xid.", "drift.")):  # XIDs are counted (_xids); drift is the history's
+        if family_of(name) in ("xid", DRIFT):  # XIDs are counted (_xids); drift is the history's
             continue
         found = [keyed.get(key) for keyed in per_iteration]
         bad = [k for k, c in enumerate(found, 1) if c is not None and c.status in _BAD]
@@ -176,7 +176,7 @@ def _intermittent(iterations: list[Result], judged: Judged) -> None:
         )
         judged.add(
             Check(
-                name=f"soak.{name}",
+                name=in_family(SOAK, name),
                 status=worst,
                 value=shown.value,
                 threshold=shown.threshold,
@@ -238,7 +238,7 @@ def _drift(iterations: list[Result], tolerance_pct: float, judged: Judged) -> No
             )
         judged.add(
             Check(
-                name=f"soak.{name}",
+                name=in_family(SOAK, name),
                 status=entry.status,
                 value=series[shown_at - 1],
                 threshold={"min" if sign > 0 else "max": edge, "baseline": baseline},
@@ -309,10 +309,10 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
         nodes[node].append(f"{counter.name} on {scope}")
         known = [v for v in series if v is not None]
         # the check of the same name may have said what to do already (ecc.uncorrected_* flapped to FAIL)
-        said = any((c.name, c.scope) == (f"soak.{counter.name}", scope) for c in judged.checks)
+        said = any((c.name, c.scope) == (in_family(SOAK, counter.name), scope) for c in judged.checks)
         judged.add(
             Check(
-                name=f"soak.{counter.name}",
+                name=in_family(SOAK, counter.name),
                 status=counter.grows,
                 value=total,
                 threshold={"max": 0},
@@ -327,7 +327,7 @@ def _counters(iterations: list[Result], judged: Judged) -> None:
         if not grown:
             judged.add(
                 Check(
-                    name="soak.counters",
+                    name=in_family(SOAK, "counters"),
                     status=Status.PASS,
                     scope=str(Scope.of_node(node)),
                     detail=f"no error counter grew over {len(iterations)} iterations (ECC, remapped rows, "
@@ -360,7 +360,7 @@ def _xids(iterations: list[Result], judged: Judged) -> None:
         entry.status, entry.first_bad = status, first
         judged.add(
             Check(
-                name="soak.xid.count",
+                name=in_family(SOAK, "xid.count"),
                 status=status,
                 value=total,
                 threshold={"max": 0},

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from gpuval.checkref import family_of
 from gpuval.health.registry import HealthContext
 from gpuval.nvml import GpuInfo, NvmlSnapshot, Unavailable, available
 from gpuval.results import Check, Status
@@ -83,7 +84,7 @@ def per_gpu(
     """
     snapshot = ctx.snapshot
     if not snapshot.gpus:
-        family = names[0] if len(names) == 1 else names[0].split(".")[0]
+        family = names[0] if len(names) == 1 else family_of(names[0])
         return [skip(family, node_scope(ctx.node), why_no_gpus(snapshot))]
     checks: list[Check] = []
     for gpu in snapshot.gpus:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuval import derived, nvml
-from gpuval.checkref import CheckRef
+from gpuval.checkref import DRIFT, CheckRef, family_of, member_of
 from gpuval.health._common import gpu_scope
 from gpuval.health.processes import OPT_OUT, describe
 from gpuval.nvml import NvmlSnapshot, available
@@ -191,9 +191,9 @@ def annotate(checks: list[Check], arrivals: list[Arrival], producers: dict[str, 
 def _benchmark_of(name: str, producers: dict[str, str]) -> str:
     """The benchmark behind a check: 'matmul.bf16_tflops' -> 'matmul', 'outliers.membw_pct' -> 'membw',
     'drift.X' -> X's, 'train.run' -> 'train'."""
-    target, _, rest = name.partition(".")
-    if target == "drift":
-        return _benchmark_of(rest, producers)
+    target, drifted = family_of(name), member_of(name, DRIFT)
+    if drifted is not None:
+        return _benchmark_of(drifted, producers)
     ref = CheckRef.read(name)
     kind = derived.get(ref.measurement) if ref is not None else None
     if ref is not None and kind is not None:

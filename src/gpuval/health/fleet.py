@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuval.atomic import write_text_atomic
+from gpuval.checkref import FLEET, in_family
 from gpuval.results import Check, Status
 from gpuval.scope import Scope
 
@@ -79,7 +80,7 @@ def heterogeneity_checks(inventories: list[dict[str, Any]]) -> list[Check]:
     if len(inventories) < 2:
         return [
             Check(
-                name="fleet.same_software",
+                name=in_family(FLEET, "same_software"),
                 status=Status.SKIP,
                 scope="cluster",
                 detail="one node: nothing to compare",
@@ -93,7 +94,7 @@ def heterogeneity_checks(inventories: list[dict[str, Any]]) -> list[Check]:
         if not odd:
             checks.append(
                 Check(
-                    name=f"fleet.{label}",
+                    name=in_family(FLEET, label),
                     status=Status.PASS,
                     scope="cluster",
                     detail=f"{majority} on all {len(values)} nodes",
@@ -103,7 +104,7 @@ def heterogeneity_checks(inventories: list[dict[str, Any]]) -> list[Check]:
         listed = ", ".join(f"{node}: {value}" for node, value in sorted(odd.items()))
         checks.append(
             Check(
-                name=f"fleet.{label}",
+                name=in_family(FLEET, label),
                 status=status,
                 scope="cluster",
                 detail=f"{len(odd)} of {len(values)} nodes differ from {majority} ({listed}): {advice}",
@@ -137,7 +138,7 @@ def shared_fs_checks(runtime: Any, directory: Path) -> list[Check] | None:
     if write_error is not None:
         return [
             Check(
-                name="fleet.shared_fs",
+                name=in_family(FLEET, "shared_fs"),
                 status=Status.ERROR,
                 scope=str(Scope.of_node(runtime.node_name)),
                 detail=f"cannot write a token in {directory} ({write_error}): pass a writable shared "
@@ -157,6 +158,11 @@ def shared_fs_checks(runtime: Any, directory: Path) -> list[Check] | None:
                 "wrote to; check the mount (findmnt) and that every node mounts the same export"
             )
         checks.append(
-            Check(name="fleet.shared_fs", status=status, scope=str(Scope.of_node(node)), detail=detail)
+            Check(
+                name=in_family(FLEET, "shared_fs"),
+                status=status,
+                scope=str(Scope.of_node(node)),
+                detail=detail,
+            )
         )
     return checks

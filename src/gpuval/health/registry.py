@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gpuval.checkref import in_family
 from gpuval.config import Profile
 from gpuval.errors import first_line
 from gpuval.nvml import GpuInfo, NvmlSnapshot
@@ -86,7 +87,7 @@ def _run_family(ctx: HealthContext, family: HealthCheck) -> list[Check]:
     except Exception as exc:  # noqa: BLE001 - a broken checker is an ERROR of the run
         return [
             Check(
-                name=f"{family.name}.run",
+                name=in_family(family.name, "run"),
                 status=Status.ERROR,
                 scope=str(Scope.of_node(ctx.node)),
                 detail=f"the {family.name} check crashed: {type(exc).__name__}: {first_line(exc)}",

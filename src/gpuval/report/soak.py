@@ -16,6 +16,7 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
+from gpuval.checkref import SOAK, in_family
 from gpuval.report.limits import MAX_DETAIL, MAX_LINES, MAX_PANELS, MAX_ROWS, capped, cut, more
 from gpuval.results import Result
 from gpuval.scope import place_of
@@ -55,7 +56,7 @@ def soak_section(result: Result, figure: Callable[[float, float], Any], svg: Cal
 def _summary(result: Result, soak: dict[str, Any]) -> str:
     completed = soak.get("completed", 0)
     first = soak.get("first_failing_iteration")
-    headline = next((c for c in result.checks if c.name == "soak.iterations"), None)
+    headline = next((c for c in result.checks if c.name == in_family(SOAK, "iterations")), None)
     lines = [f"{completed} iteration{'s' if completed != 1 else ''} completed"]
     asked = soak.get("asked") if isinstance(soak.get("asked"), dict) else {}
     wanted = [f"{asked['iterations']} iterations"] if asked.get("iterations") else []
