@@ -38,7 +38,7 @@ def _step_batches(packs: list[Pack], rank: int = 0, world: int = 1, varlen: bool
         rank=rank,
         world=world,
         micro_batch_size=2,
-        grad_accum_steps=2,
+        global_batch=2 * 2 * world,  # two micro-batches of two per rank
         max_seq_len=24,
         pad_id=0,
         device=torch.device("cpu"),

@@ -224,7 +224,7 @@ def run_train(ctx: Context, options: TrainBenchOptions) -> list[Measurement]:
         )
         ctx.progress(f"train: {options.model}, {options.mode} {options.seq_len}-token sequences")
         # One global batch of packs, every step: the loss of the same data must fall if the step learns.
-        global_batch = options.micro_batch_size * options.grad_accum_steps * runtime.world_size
+        global_batch = cfg.train.global_batch(runtime.world_size)
         summary = train(cfg, runtime, save_adapter=False, quiet=True, max_packs=global_batch)
         if options.profile_dir and runtime.is_main:
             shutil.copytree(Path(cfg.output) / PROFILE, options.profile_dir, dirs_exist_ok=True)

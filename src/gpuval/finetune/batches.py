@@ -57,7 +57,7 @@ def step_batches_for(
     rank: int,
     world: int,
     micro_batch_size: int,
-    grad_accum_steps: int,
+    global_batch: int,
     max_seq_len: int,
     pad_id: int,
     device: torch.device,
@@ -68,9 +68,9 @@ def step_batches_for(
 ) -> Callable[[int], StepBatches]:
     """`step_batches(step)` for this rank. `varlen`: one row per micro-batch with documents by cu_seq_lens
     (flatten_for_varlen), `fixed_longest` passing max_seq_len as the longest document (compiled
-    layers), `whole_rows` keeping rows that are one document each; else the dense document mask."""
-    per_rank = micro_batch_size * grad_accum_steps
-    global_batch = per_rank * world
+    layers), `whole_rows` keeping rows that are one document each; else the dense document mask.
+    `global_batch`: packed sequences per optimizer step over all ranks (TrainSettings.global_batch)."""
+    per_rank = global_batch // world
 
     def step_batches(step: int) -> StepBatches:
         order = data_order(len(packs), seed, step * global_batch, global_batch)

@@ -325,6 +325,11 @@ class TrainSettings(_Strict):
     step: StepSettings = StepSettings()
     experimental: ExperimentalSettings = ExperimentalSettings()
 
+    def global_batch(self, world: int) -> int:
+        """Packed sequences per optimizer step over `world` ranks: micro-batch × accumulation × ranks,
+        computed here and nowhere else (the trainer, DeepSpeed's train_batch_size, bench train's data)."""
+        return self.micro_batch_size * self.grad_accum_steps * world
+
 
 class FinetuneConfig(_Strict):
     model: str = Field(

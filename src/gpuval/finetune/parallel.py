@@ -340,7 +340,7 @@ def deepspeed_config(cfg: Any, world: int, dtype: torch.dtype, on_gpu: bool) -> 
         {
             "train_micro_batch_size_per_gpu": t.micro_batch_size,
             "gradient_accumulation_steps": t.grad_accum_steps,
-            "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world,
+            "train_batch_size": t.global_batch(world),
             "gradient_clipping": t.optim.grad_clip,
             "bf16": {"enabled": on_gpu and dtype == torch.bfloat16},
         }

@@ -131,8 +131,7 @@ def train(
     packs = packed.packs[:max_packs]
     if not packs:
         raise UsageError(f"training data '{cfg.data.train}': no conversation with an assistant token")
-    per_rank = t.micro_batch_size * t.grad_accum_steps  # packed sequences per rank per step
-    global_batch = per_rank * world  # packed sequences per optimizer step
+    global_batch = t.global_batch(world)  # packed sequences per optimizer step
     tokens_per_step = global_batch * cfg.data.max_seq_len  # token slots (upper bound; packing fills most)
 
     # -- the step: its parts decided (before minutes of loading), then the model built (step.py) ---------
@@ -197,7 +196,7 @@ def train(
         rank,
         world,
         t.micro_batch_size,
-        t.grad_accum_steps,
+        global_batch,
         cfg.data.max_seq_len,
         pad_id,
         device,
