@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from gpuval.errors import UsageError
 from gpuval.finetune import flash4
-from gpuval.finetune.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, RowLayout, StepContext
 
 VARLEN = "gpuval_varlen"  # the attention implementation name registered with transformers
 
@@ -310,7 +310,8 @@ class AttentionPart(Part):
     flash-attn-4, cudnn without cuDNN, varlen without torch's varlen_attn) is a UsageError.
     Changes: registers the `gpuval_varlen` attention implementation and switches the bare model to it; the
     row and packed-row kernels are module globals read by `varlen_attention` (one model per process).
-    Reports `attention`, `row_kernel`, `varlen_kernel` (the kernels as resolved, also when off).
+    Reports `attention`, `row_kernel`, `varlen_kernel` (the kernels as resolved, also when off); sets the
+    context's RowLayout (varlen rows, whole rows kept where a row kernel of their own runs them).
     Order: on the bare model (stage base), before LoRA; batches.py flattens rows for it
     (`flatten_for_varlen`) when it is on."""
 
@@ -335,4 +336,5 @@ class AttentionPart(Part):
 
     def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
         use_varlen_attention(model, decision.settings["row_kernel"], decision.settings["varlen_kernel"])
+        ctx.layout = RowLayout(varlen=True, whole_rows=decision.settings["row_kernel"] != "varlen")
         return {"attention": "varlen", **decision.settings}

@@ -47,6 +47,15 @@ class Decision:
         return f"{name} {'on' if self.on else 'off'}{shown} ({self.why})"
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """How the loop lays out a micro-batch's packed rows, as the parts decided it (a typed value, never a
+    report read back): the attention part sets it when it routes attention through varlen."""
+
+    varlen: bool = False  # one row of documents by cu_seq_lens and no mask; else the dense document mask
+    whole_rows: bool = False  # with varlen: rows holding one whole document stay rows (their own kernel)
+
+
 @dataclass
 class StepContext:
     """What the parts' decisions read, and what they leave for the parts after them and for the loop."""
@@ -67,6 +76,7 @@ class StepContext:
     hooks: dict[str, Any] = field(default_factory=dict)
     # Words for the start-up line, by part name (e.g. "q/k/v fused in 28 attention layers")
     details: dict[str, str] = field(default_factory=dict)
+    layout: RowLayout = RowLayout()  # the batches' layout (batches.step_batches_for)
     shared: dict[str, Any] = field(default_factory=dict)  # values a part computes once for others
 
     def auto_on_gpu_under_ddp(self, name: str, why: str) -> Decision:

@@ -124,6 +124,11 @@ def decide_parts(ctx: StepContext, is_main: bool) -> str:
     return "step parts: " + "; ".join(d.line(name) for name, d in ctx.decisions.items())
 
 
+def details_line(ctx: StepContext) -> str:
+    """What the parts that changed the model say of it for the start-up line, in PARTS order."""
+    return "".join(ctx.details.get(part.name, "") for part in PARTS)
+
+
 def apply_parts(model: Any, ctx: StepContext, stage: str) -> dict[str, Any]:
     """Apply the parts of `stage` in PARTS order (those decided on); returns every such part's reports,
     what an off part reports included."""

@@ -56,7 +56,7 @@ from gpuval.finetune.model import load_tokenizer
 from gpuval.finetune.packing import pack_with_stats
 from gpuval.finetune.parallel import deepspeed_config
 from gpuval.finetune.pending import PendingStep, StepLog
-from gpuval.finetune.step import build_step, decide_parts, part_reports, step_context
+from gpuval.finetune.step import build_step, decide_parts, details_line, part_reports, step_context
 from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 
@@ -157,15 +157,12 @@ def train(
 
     log("gpuval finetune: effective config")
     log(json.dumps(cfg.model_dump(), indent=2))
-    details = ctx.details
     log(
         f"world {world} ({runtime.backend}, {device.type}, {t.parallel}) | packs {len(packs)} of "
         f"{packed.max_seq_len} tokens, {packed.efficiency:.0%} filled, {packed.dropped} dropped, "
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {built.trainable_count:,} | precision {reports['precision']}"
-        + details.get("fp8_base", "")
-        + details.get("fused_qkv", "")
-        + details.get("fused_gate_up", "")
+        + details_line(ctx)
         + parallel.note
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
@@ -200,9 +197,9 @@ def train(
         cfg.data.max_seq_len,
         pad_id,
         device,
-        varlen=reports["attention"] == "varlen",
+        varlen=ctx.layout.varlen,
         fixed_longest=ctx.compiled,
-        whole_rows=reports["row_kernel"] != "varlen",
+        whole_rows=ctx.layout.whole_rows,
         mask_dtype=mask_dtype,
     )
     loss_head, last_mlp = built.loss_head, built.last_mlp
