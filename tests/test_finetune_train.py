@@ -652,3 +652,33 @@ def test_the_fused_loss_and_split_products_under_sharding_equal_one_process(
         ), summary["sharding"]
     assert summary["world_size"] == 2 and summary["parallel"] == parallel
     assert sharded == pytest.approx(single, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_part_registered_in_one_line_changes_the_step_and_its_summary_not_the_loop(
+    runtime, train_file, tmp_path, monkeypatch, capsys
+):
+    """A new part is its own file (tests/toy_part.py) and one register line: the step it decides, the
+    start-up line, the summary and the losses all change, and gpuval/finetune/trainer.py is not touched."""
+    from toy_part import ToyScalePart
+
+    from gpuval.finetune import step
+    from gpuval.finetune.trainer import summary_keys
+
+    def run(name: str) -> dict:
+        cfg = finetune_config_from_dict(config_dict(train_file, tmp_path / name, max_steps=2))
+        return train(cfg, runtime, save_adapter=False)
+
+    plain = run("plain")
+    assert "toy_scale" not in plain and "toy_scale" not in summary_keys()
+    monkeypatch.setattr(step, "PARTS", step.PARTS + (ToyScalePart(),))  # the register line
+    capsys.readouterr()
+    toy = run("toy")
+    said = capsys.readouterr().out
+    assert "toy_scale" in summary_keys() and toy["toy_scale"] == 2.0
+    assert "toy_scale on (a toy: CPU)" in said and " | toy: embeddings x2" in said, said
+    first = (plain["steps"][0]["loss"], toy["steps"][0]["loss"])
+    assert abs(first[1] - first[0]) > 1e-3 * abs(first[0]), first  # the same data, another model
+    assert {k: v for k, v in toy.items() if k not in ("toy_scale", "steps", "adapter")}.keys() == {
+        k for k in plain if k not in ("steps", "adapter")
+    }

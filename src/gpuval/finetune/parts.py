@@ -21,6 +21,7 @@ order of `step.PARTS`, so a decision may read those made before it (`ctx.decisio
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -95,19 +96,22 @@ class StepContext:
         return Decision(False, False, reason, note=note)
 
 
-class Part:
-    """Base of the step's parts (module docstring). Subclasses set `name`, `stage` and `reports` (summary
-    key -> the value reported when the part is off, or a callable of the decision giving it)."""
+class Part(ABC):
+    """The contract of the step's parts (module docstring), an abstract base: a part that leaves out
+    `decide` or `apply` cannot be made. Subclasses set `name`, `stage` and `reports` (summary key -> the
+    value reported when the part is off, or a callable of the decision giving it)."""
 
     name: ClassVar[str]
     stage: ClassVar[Stage]
     reports: ClassVar[dict[str, Any]]
 
+    @abstractmethod
     def decide(self, ctx: StepContext) -> Decision:
-        raise NotImplementedError
+        """Does the part apply here (see the module docstring)."""
 
+    @abstractmethod
     def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
-        raise NotImplementedError
+        """Change `model` in place (only when decided on) and return the part's reports."""
 
     def off_report(self, decision: Decision) -> dict[str, Any]:
         """What the part reports when it did not run: its declared values, a callable given the decision."""
