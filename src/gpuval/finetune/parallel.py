@@ -67,7 +67,7 @@ class Parallel:
         self.runtime = runtime
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         self.sharding = sharding
-        self.note = sharding.note  # the start-up line's words on how this mode moves weights
+        self.notes = list(sharding.notes)  # what this mode does with the weights, a phrase each
         self.wrap(cfg, dtype)
         self.optimizer, self.scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
 
@@ -215,7 +215,7 @@ class DeepSpeed(Parallel):
             ) from None
         self.peft_model = peft_model
         self.runtime = runtime
-        self.note = sharding.note
+        self.notes = list(sharding.notes)
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
@@ -242,31 +242,32 @@ class DeepSpeed(Parallel):
         )
         if sharding.zero3_whole_lora:  # after initialize, which marks the weights it keeps whole
             whole = run_lora_whole(peft_model)
-            self.note += f" | zero3: {whole} LoRA layers kept whole run as one module each"
+            self.notes.append(f"zero3: {whole} LoRA layers kept whole run as one module each")
         if sharding.zero3_unhook_whole:  # before the first forward, which records the fetch trace
             kept, had = unhook_whole_modules(engine)
-            self.note += f" | zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
+            said = f"zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
+            self.notes.append(said)
         if sharding.zero3_lean_step:  # after unhooking: the step's gathers, the fetch hooks left alone
             counts = lean_step(engine)
-            self.note += (
-                " | zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
+            self.notes.append(
+                "zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
                 if counts is None
-                else f" | zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
+                else f"zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
                 f"the {counts[1]} trainable ones brought up to date by one all-gather"
             )
         if sharding.zero3_fused_epilogue:
-            self.note += (
-                " | zero3: the gradient bucket reduced by a fixed number of operations"
+            self.notes.append(
+                "zero3: the gradient bucket reduced by a fixed number of operations"
                 if fused_gradient_epilogue(engine)
-                else " | zero3: fused epilogue off, this DeepSpeed's ZeRO-3 optimizer lacks a part of it"
+                else "zero3: fused epilogue off, this DeepSpeed's ZeRO-3 optimizer lacks a part of it"
             )
         if sharding.zero3_compile_whole:  # after the whole LoRA forwards, before the first forward
             names = compile_whole_submodules(decoder_layers(peft_model))
             what = ", ".join(names) or "nothing (no submodule has all its weights whole)"
-            self.note += f" | zero3: compiled in each decoder layer: {what}"
+            self.notes.append(f"zero3: compiled in each decoder layer: {what}")
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
-            self.note += " | deepspeed: DeepCompile (the JSON's compile.deepcompile)"
+            self.notes.append("deepspeed: DeepCompile (the JSON's compile.deepcompile)")
         self.engine = engine
         self.module = engine
         self.optimizer, self.scheduler = optimizer, scheduler

@@ -125,10 +125,10 @@ def reshard_for_memory(weights: int, total: int) -> tuple[bool, str]:
 
 
 def fsdp_note(reshard: bool, why: str) -> str:
-    """The start-up line's words for fsdp_reshard's choice."""
+    """What the start-up line and the summary say of fsdp_reshard's choice."""
     if reshard:
-        return f" | fsdp: decoder layers reshard after forward, all but the last ({why})"
-    return f" | fsdp: decoder layers keep their gathered weights until their backward ({why})"
+        return f"fsdp: decoder layers reshard after forward, all but the last ({why})"
+    return f"fsdp: decoder layers keep their gathered weights until their backward ({why})"
 
 
 @dataclass(frozen=True)
@@ -138,16 +138,21 @@ class ShardingPlan:
     fsdp_reshard: bool  # fsdp: the decoder layers (all but the last) reshard after their forward
     zero3_leaves: tuple[torch.nn.Module, ...]  # deepspeed stage 3: frozen submodules fetched whole
     weights_sharded: bool  # each rank holds 1/world of the base's weights while it waits (memory.py)
-    note: str  # the start-up line's words (" | ..."), "" when there is nothing to say
+    notes: tuple[str, ...]  # what the start-up line and the summary say of it, a phrase each
     zero3_whole_lora: bool = False  # deepspeed stage 3: LoRA layers kept whole run as one module
     zero3_unhook_whole: bool = False  # deepspeed stage 3: no fetch hooks on modules with nothing to fetch
     zero3_lean_step: bool = False  # deepspeed stage 3: weights kept whole stay gathered through the step
     zero3_compile_whole: bool = False  # deepspeed stage 3: submodules with whole weights only compiled
     zero3_fused_epilogue: bool = False  # deepspeed stage 3: the gradient bucket reduced by fixed operations
 
+    @property
+    def note(self) -> str:
+        """The notes as the start-up line says them (" | " before each; "" when there are none)."""
+        return "".join(f" | {note}" for note in self.notes)
+
     @classmethod
     def replicated(cls) -> ShardingPlan:
-        return cls(fsdp_reshard=False, zero3_leaves=(), weights_sharded=False, note="")
+        return cls(fsdp_reshard=False, zero3_leaves=(), weights_sharded=False, notes=())
 
 
 def plan_sharding(
@@ -163,7 +168,7 @@ def plan_sharding(
     if parallel == "fsdp":
         reshard, why = fsdp_reshard(settings.fsdp_reshard_after_forward, model, runtime)
         # layers that keep their gathered weights hold all of them at the turn from forward to backward
-        return ShardingPlan(reshard, (), weights_sharded=reshard, note=fsdp_note(reshard, why))
+        return ShardingPlan(reshard, (), weights_sharded=reshard, notes=(fsdp_note(reshard, why),))
     if parallel != "deepspeed" or zero_stage != 3:  # ddp, or ZeRO-1/2: every rank holds every weight
         return ShardingPlan.replicated()
     setting = settings.zero3_frozen_leaves
@@ -171,10 +176,10 @@ def plan_sharding(
     why = "auto" if setting == "auto" else "set"
     if not leaves:
         none = ", none has a frozen submodule with children" if setting is True else ""
-        note = f" | zero3: every submodule fetched on its own ({why}{none})"
+        note = f"zero3: every submodule fetched on its own ({why}{none})"
     else:
         kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
-        note = f" | zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
+        note = f"zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
     whole = settings.zero3_whole_lora is not False  # auto: on (module docstring)
     unhook = settings.zero3_unhook_whole is not False  # auto: on (module docstring)
     lean = settings.zero3_lean_step is not False  # auto: on (zero3_step.py says why)
@@ -184,7 +189,7 @@ def plan_sharding(
         False,
         leaves,
         True,
-        note,
+        (note,),
         zero3_whole_lora=whole,
         zero3_unhook_whole=unhook,
         zero3_lean_step=lean,

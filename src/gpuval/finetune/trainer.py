@@ -163,7 +163,7 @@ def train(
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {built.trainable_count:,} | precision {reports['precision']}"
         + details_line(ctx)
-        + parallel.note
+        + "".join(f" | {note}" for note in parallel.notes)
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -287,7 +287,7 @@ def train(
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
     checkpointing, trainable_count = built.checkpointing, built.trainable_count
-    sharding = parallel.note.removeprefix(" | ") or None
+    sharding = " | ".join(parallel.notes) or None
     del parallel, built, loss_head, last_mlp, ctx
     gc.collect()
     summary = {
