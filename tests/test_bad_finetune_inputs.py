@@ -42,7 +42,7 @@ from gpuval.finetune.adapter_check import (  # noqa: E402
 )
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
-from gpuval.finetune.eval_inputs import PromptFit, read_eval_split  # noqa: E402
+from gpuval.finetune.eval.inputs import PromptFit, read_eval_split  # noqa: E402
 from gpuval.finetune.export import export  # noqa: E402
 from gpuval.finetune.model import load_tokenizer  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402

@@ -97,7 +97,7 @@ def _record(i: int) -> dict:
 
 
 def _evaluate(monkeypatch, runtime: FakeRuntime, splits: dict, show_progress: bool = True):
-    from gpuval.finetune import evaluate as ev
+    from gpuval.finetune.eval import evaluate as ev
 
     bars = RecordingProgress()
     made = []
@@ -146,7 +146,7 @@ def test_only_the_printing_rank_draws_bars_and_each_counts_its_own_share(monkeyp
 
 
 def test_the_bars_stop_when_a_split_fails(monkeypatch):
-    from gpuval.finetune import evaluate as ev
+    from gpuval.finetune.eval import evaluate as ev
 
     bars = RecordingProgress()
     monkeypatch.setattr(ev, "_progress", lambda: bars)
@@ -164,7 +164,7 @@ def test_the_bars_stop_when_a_split_fails(monkeypatch):
 def test_examples_per_second_is_the_splits_average():
     """Examples done over the time taken, from the first update on: rich's own estimate needs two updates,
     and a small split, or a slow first batch, has one."""
-    from gpuval.finetune import evaluate as ev
+    from gpuval.finetune.eval import evaluate as ev
 
     progress = ev._progress()
     progress.stop()

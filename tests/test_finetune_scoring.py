@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuval.finetune.scoring import (
+from gpuval.finetune.eval.scoring import (
     examples_from_records,
     match_call,
     pair_calls,
@@ -290,7 +290,7 @@ NY = {"city": "New York", "nights": 3}
 
 
 def _ast(arguments: dict, name: str = "book_hotel", reference: dict = REFERENCE) -> bool:
-    from gpuval.finetune.scoring import ast_match
+    from gpuval.finetune.eval.scoring import ast_match
 
     return ast_match({"name": name, "arguments": arguments}, reference, HOTEL)
 
@@ -336,7 +336,7 @@ def test_ast_match_optional_arguments_against_the_reference_and_default():
 
 
 def test_ast_match_name_and_arrays_and_no_schema():
-    from gpuval.finetune.scoring import ast_match
+    from gpuval.finetune.eval.scoring import ast_match
 
     assert not _ast({"city": "New York", "nights": 3}, name="book_flight")
     ref = {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 1, "tags": ["Sea View", "quiet"]}}
@@ -361,7 +361,7 @@ def test_ast_match_a_reference_typed_unlike_its_schema_passes_its_own_type():
 
 
 def test_ast_match_wrapped_tool_schema():
-    from gpuval.finetune.scoring import ast_match
+    from gpuval.finetune.eval.scoring import ast_match
 
     wrapped = {"type": "function", "function": HOTEL}
     assert ast_match({"name": "book_hotel", "arguments": REFERENCE["arguments"]}, REFERENCE, wrapped)

@@ -249,6 +249,37 @@ def test_the_ui_layer_check_tells_a_package_from_a_name_that_starts_alike():
     assert not _in_ui_layer("gpuval.reporting") and not _in_ui_layer("gpuval.monitor")
 
 
+# gpuval.finetune's subpackages (issue 52) and the gpuval.finetune modules each may import: imports go one
+# way, from the loop at the top down to the base (config, model, template). A subpackage's own modules and
+# anything outside gpuval.finetune are always allowed.
+FINETUNE_BASE = ("config", "model", "template", "flops", "optim", "lock")
+FINETUNE_SUBPACKAGES = {
+    "gpuval.finetune.eval": (*FINETUNE_BASE, "data", "openai_format", "glaive"),
+}
+
+
+def _finetune_imports_going_up(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for package, allowed in FINETUNE_SUBPACKAGES.items():
+        may = {package, *(f"gpuval.finetune.{name}" for name in allowed)}
+        for module, imported in graph.items():
+            if module != package and not module.startswith(package + "."):
+                continue
+            for target in sorted(imported):
+                inside = target.startswith("gpuval.finetune.") or target == "gpuval.finetune"
+                if inside and not any(target == m or target.startswith(m + ".") for m in may):
+                    found.append(f"{module} imports {target}")
+    return found
+
+
+def test_finetune_subpackages_import_only_downward():
+    """finetune/eval/ (and the subpackages after it) import the base and the layers below them, never the
+    step, the parallel modes or the loop: a newcomer reads a subpackage without the rest."""
+    found = _finetune_imports_going_up(import_graph())
+    assert not found, "finetune subpackages importing upward:\n  " + "\n  ".join(found)
+    assert _finetune_imports_going_up({"gpuval.finetune.eval.scoring": {"gpuval.finetune.trainer"}})
+
+
 def test_no_module_over_the_line_limit_except_declared_data_tables():
     too_long = []
     for path in sorted(SRC.rglob("*.py")):

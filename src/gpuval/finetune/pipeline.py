@@ -70,7 +70,7 @@ def holdout_records(source: Path, seen_functions: set[str] | None) -> list[dict[
     """Prepared records of `source` whose first reply calls a function, and only functions in
     `seen_functions` (None: any)."""
     from gpuval.finetune.data import convert_all, functions_named, read_source
-    from gpuval.finetune.scoring import split_target
+    from gpuval.finetune.eval.scoring import split_target
 
     kept, _skipped = convert_all(read_source(str(source)))
     chosen = []
@@ -113,14 +113,14 @@ class EvalInputs:
     records: dict[str, list[dict[str, Any]]]
     too_long: dict[str, list[int]]  # split name -> lines left out: prompts past the model's context
     tokenizer: Any
-    fit: Any  # eval_inputs.PromptFit
+    fit: Any  # eval.inputs.PromptFit
 
 
 def eval_inputs(cfg: FinetuneConfig, adapter: str | Path | None = None) -> EvalInputs:
-    """The adapter (checked, adapter_check.py) and every split's records (checked, eval_inputs.py), read
+    """The adapter (checked, adapter_check.py) and every split's records (checked, eval/inputs.py), read
     before any model loads: bad input is refused in seconds and before the output folder is made."""
     from gpuval.finetune.adapter_check import ADAPTER_CONFIG, check_adapter, check_fits
-    from gpuval.finetune.eval_inputs import PromptFit, model_context, read_eval_split
+    from gpuval.finetune.eval.inputs import PromptFit, model_context, read_eval_split
     from gpuval.finetune.model import load_tokenizer
 
     adapter_dir = Path(adapter) if adapter else Path(cfg.output) / "adapter"
@@ -144,11 +144,11 @@ def run_eval(
     cfg: FinetuneConfig, runtime: Any, adapter: str | Path | None = None, inputs: EvalInputs | None = None
 ) -> dict[str, Any] | None:
     """Load base + adapter, generate and score every split; rank 0 writes eval.json and the predictions
-    and returns the result (other ranks return None). `inputs`: eval_inputs' answer, when already read."""
+    and returns the result (other ranks return None). `inputs`: eval_inputs()'s answer, when already read."""
     import torch
 
     from gpuval.atomic import write_text_atomic
-    from gpuval.finetune.evaluate import evaluate
+    from gpuval.finetune.eval.evaluate import evaluate
     from gpuval.finetune.model import load_model
 
     inputs = inputs or eval_inputs(cfg, adapter)
@@ -191,7 +191,7 @@ def run_eval(
         "split_files": splits,
         "settings": cfg.eval.model_dump(),
         "world_size": runtime.world_size,
-        "prompts_too_long": inputs.too_long,  # lines left out of the scores (eval_inputs.PromptFit)
+        "prompts_too_long": inputs.too_long,  # lines left out of the scores (eval.inputs.PromptFit)
         **result,
     }
     output = Path(cfg.output)

@@ -1,5 +1,5 @@
 """A fine-tune's evaluation for people: the table of scores (eval.json's splits) and the progress bars
-gpuval.finetune.evaluate advances while it generates."""
+gpuval.finetune.eval.evaluate advances while it generates."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpuval.finetune.scoring import examples_from_records, score, split_target
+from gpuval.finetune.eval.scoring import examples_from_records, score, split_target
 from gpuval.finetune.template import IM_END, render_prompt
 
 EVAL_SCHEMA = "gpuval.finetune.eval/v1"

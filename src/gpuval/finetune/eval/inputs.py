@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuval.errors import UsageError, first_line
+from gpuval.finetune.eval.scoring import split_target
 from gpuval.finetune.openai_format import json_kind
-from gpuval.finetune.scoring import split_target
 from gpuval.finetune.template import render_prompt
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -83,18 +83,18 @@ def record_problem(record: Any) -> str | None:
     if tools is not None:
         if not isinstance(tools, list):
             return f"'tools' is {json_kind(tools)}, not a list of function schemas"
-        for number, tool in enumerate(tools, start=1):
-            problem = _tool_problem(number, tool)
-            if problem:
-                return problem
+        problem = _first_problem(tools, _tool_problem)
+        if problem:
+            return problem
     messages = record.get("messages")
     if not isinstance(messages, list):
         return f"'messages' is {json_kind(messages)}, not a list of messages"
-    for number, message in enumerate(messages, start=1):
-        problem = _message_problem(number, message)
-        if problem:
-            return problem
-    return None
+    return _first_problem(messages, _message_problem)
+
+
+def _first_problem(items: list[Any], problem: Callable[[int, Any], str | None]) -> str | None:
+    """The first of `items`' problems (each numbered from 1), or None."""
+    return next((said for number, item in enumerate(items, start=1) if (said := problem(number, item))), None)
 
 
 def has_target(record: dict[str, Any]) -> bool:
