@@ -34,16 +34,16 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.adapter_check import (  # noqa: E402
+from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
+from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.eval.inputs import PromptFit, read_eval_split  # noqa: E402
+from gpuval.finetune.export.adapter import (  # noqa: E402
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
     check_adapter,
     check_fits,
 )
-from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
-from gpuval.finetune.eval.inputs import PromptFit, read_eval_split  # noqa: E402
-from gpuval.finetune.export import export  # noqa: E402
+from gpuval.finetune.export.folder import export  # noqa: E402
 from gpuval.finetune.model import load_tokenizer  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
 

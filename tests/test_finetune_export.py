@@ -24,7 +24,7 @@ from safetensors import safe_open  # noqa: E402
 from gpuval.finetune.checkpoint import FINAL_ADAPTER, checkpoint_dirs, save_tokenizer  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
-from gpuval.finetune.export import export  # noqa: E402
+from gpuval.finetune.export.folder import export  # noqa: E402
 from gpuval.finetune.model import TINY_MODEL_DIR, load_tokenizer  # noqa: E402
 from gpuval.finetune.synth import synth_records  # noqa: E402
 from gpuval.finetune.template import QWEN25_TOOL_TEMPLATE, qwen_tools, render, render_prompt  # noqa: E402
@@ -227,7 +227,7 @@ def test_save_tokenizer_writes_the_training_template_and_leaves_the_tokenizer_al
 
 def fake_adapter(folder: Path, base: str) -> Path:
     """A rank-1 LoRA adapter folder on one module, as PEFT writes one, for the refusals that come before
-    loading (it passes gpuval.finetune.adapter_check)."""
+    loading (it passes gpuval.finetune.export.adapter)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True)
@@ -267,7 +267,7 @@ def test_bad_export_input_is_one_line_exit_2_and_writes_nothing(tmp_path, gpuval
 
 @pytest.mark.slow
 def test_a_merge_onto_another_base_is_one_line_and_leaves_no_folder(run, tmp_path, gpuval):
-    # A base of another width: refused before a model loads (adapter_check.check_fits), with no loading bar
+    # A base of another width: refused before a model loads (export.adapter.check_fits), with no loading bar
     # or warning of the libraries before the line.
     other = tmp_path / "other-base"
     other.mkdir()

@@ -265,7 +265,7 @@ def finetune_export(
     ] = None,
 ) -> int:
     """A servable folder: the adapter with its tokenizer and tool chat template, or the merged model."""
-    from gpuval.finetune.export import export, find_adapter, log_folder
+    from gpuval.finetune.export.folder import export, find_adapter, log_folder
     from gpuval.quiet import route_third_party_output
 
     # transformers' loading bars and PEFT's warnings: to the log, whether the export succeeds or not

@@ -117,10 +117,10 @@ class EvalInputs:
 
 
 def eval_inputs(cfg: FinetuneConfig, adapter: str | Path | None = None) -> EvalInputs:
-    """The adapter (checked, adapter_check.py) and every split's records (checked, eval/inputs.py), read
+    """The adapter (checked, export/adapter.py) and every split's records (checked, eval/inputs.py), read
     before any model loads: bad input is refused in seconds and before the output folder is made."""
-    from gpuval.finetune.adapter_check import ADAPTER_CONFIG, check_adapter, check_fits
     from gpuval.finetune.eval.inputs import PromptFit, model_context, read_eval_split
+    from gpuval.finetune.export.adapter import ADAPTER_CONFIG, check_adapter, check_fits
     from gpuval.finetune.model import load_tokenizer
 
     adapter_dir = Path(adapter) if adapter else Path(cfg.output) / "adapter"

@@ -22,8 +22,8 @@ import torch
 
 from gpuval.atomic import fsync_dir, fsync_tree, missing_folders, remove_empty_folders
 from gpuval.errors import UsageError, first_line
-from gpuval.finetune.adapter_check import ADAPTER_CONFIG, BASE_KEY, Adapter, check_adapter, check_fits
 from gpuval.finetune.checkpoint import FINAL_ADAPTER, save_tokenizer
+from gpuval.finetune.export.adapter import ADAPTER_CONFIG, BASE_KEY, Adapter, check_adapter, check_fits
 from gpuval.finetune.model import TOKENIZER_FILES, load_model, load_tokenizer, resolve_model
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -31,7 +31,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 def find_adapter(source: Path) -> Adapter:
     """`source` itself when it is a PEFT adapter folder, else a fine-tune run folder's OUTPUT/adapter;
-    checked (adapter_check.py) before anything loads."""
+    checked (export/adapter.py) before anything loads."""
     if not source.exists():
         raise UsageError(
             f"export: '{source}' does not exist; pass a fine-tune run folder or its adapter folder"
