@@ -390,7 +390,7 @@ def same_sequences(args: argparse.Namespace, tokenizer: Any) -> tuple[list[list[
     """The global batch every side trains on, every step: bench train's first `--sequences-per-step`
     fixed-mode sequences (synthetic conversations cut to exactly `--seq-len` tokens), ids and labels."""
     from gpuval.bench.train_step import TrainBenchOptions, synthetic_conversations
-    from gpuval.finetune.packing import pack_with_stats
+    from gpuval.finetune.data.packing import pack_with_stats
     from gpuval.finetune.template import encode
 
     options = TrainBenchOptions(

@@ -35,7 +35,8 @@ pytest.importorskip("peft")
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.prepare import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.synth import synth_records  # noqa: E402
 from gpuval.finetune.eval.inputs import PromptFit, read_eval_split  # noqa: E402
 from gpuval.finetune.export.adapter import (  # noqa: E402
     ADAPTER_CONFIG,
@@ -45,7 +46,6 @@ from gpuval.finetune.export.adapter import (  # noqa: E402
 )
 from gpuval.finetune.export.folder import export  # noqa: E402
 from gpuval.finetune.model import load_tokenizer  # noqa: E402
-from gpuval.finetune.synth import synth_records  # noqa: E402
 
 PROPERTY = settings(
     max_examples=100,

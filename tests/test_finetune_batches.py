@@ -1,5 +1,5 @@
-"""finetune/batches.py: a step's batches depend on the step alone (so preparing step k+1 during step k, or
-resuming at step k, changes nothing), each rank gets its slice, and the loss denominator counts every
+"""finetune/data/batches.py: a step's batches depend on the step alone (so preparing step k+1 during step
+k, or resuming at step k, changes nothing), each rank gets its slice, and the loss denominator counts every
 rank's label tokens."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from test_finetune_train import runtime  # noqa: E402, F401
 
-from gpuval.finetune.batches import (  # noqa: E402
+from gpuval.finetune.data.batches import (  # noqa: E402
     data_order,
     label_rows,  # noqa: E402
     step_batches_for,
     to_device,
 )
-from gpuval.finetune.packing import Pack, collate  # noqa: E402
+from gpuval.finetune.data.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import cli_env
 
 from gpuval.errors import UsageError
-from gpuval.finetune.data import functions_called, functions_named, prepare
-from gpuval.finetune.glaive import convert_record
-from gpuval.finetune.synth import render_records, synth_records
+from gpuval.finetune.data.glaive import convert_record
+from gpuval.finetune.data.prepare import functions_called, functions_named, prepare
+from gpuval.finetune.data.synth import render_records, synth_records
 
 SPLIT_FILES = ("train.jsonl", "eval.jsonl", "eval_unseen.jsonl")
 GOOD = {
@@ -219,9 +219,9 @@ def test_cli_synth_pieces_values_are_made_up_from_the_tokenizers_word_pieces(
 ):
     """`--values pieces` (tiny-cpu.yaml's `synth.values`): the made-up values of "synthetic", half the text
     ones built from the tokenizer's word pieces, exactly what catalogue.MadeUp makes from them."""
-    from gpuval.finetune.catalogue import MadeUp
+    from gpuval.finetune.data.catalogue import MadeUp
+    from gpuval.finetune.data.synth import word_pieces, write_synth
     from gpuval.finetune.model import load_tokenizer
-    from gpuval.finetune.synth import word_pieces, write_synth
 
     for values in ("pieces", "synthetic"):
         proc = gpuval(

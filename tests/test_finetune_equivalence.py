@@ -38,12 +38,12 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from gpuval.finetune.batches import data_order  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all, read_jsonl  # noqa: E402
+from gpuval.finetune.data.batches import data_order  # noqa: E402
+from gpuval.finetune.data.packing import Pack, pack_with_stats  # noqa: E402
+from gpuval.finetune.data.prepare import SourceRecord, convert_all, read_jsonl  # noqa: E402
+from gpuval.finetune.data.synth import synth_records  # noqa: E402
 from gpuval.finetune.model import TINY_MODEL_DIR, load_tokenizer  # noqa: E402
-from gpuval.finetune.packing import Pack, pack_with_stats  # noqa: E402
-from gpuval.finetune.synth import synth_records  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX, encode  # noqa: E402
 from gpuval.finetune.trainer import train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402

@@ -23,10 +23,10 @@ from safetensors import safe_open  # noqa: E402
 
 from gpuval.finetune.checkpoint import FINAL_ADAPTER, checkpoint_dirs, save_tokenizer  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.prepare import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.synth import synth_records  # noqa: E402
 from gpuval.finetune.export.folder import export  # noqa: E402
 from gpuval.finetune.model import TINY_MODEL_DIR, load_tokenizer  # noqa: E402
-from gpuval.finetune.synth import synth_records  # noqa: E402
 from gpuval.finetune.template import QWEN25_TOOL_TEMPLATE, qwen_tools, render, render_prompt  # noqa: E402
 
 # Qwen2-7B-Instruct's chat template (tokenizer_config.json of Qwen/Qwen2-7B-Instruct): no `tools` at all.

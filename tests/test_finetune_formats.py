@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuval.errors import UsageError
-from gpuval.finetune.data import prepare
+from gpuval.finetune.data.prepare import prepare
 
 SPLIT_FILES = ("train.jsonl", "eval.jsonl", "eval_unseen.jsonl")
 GLAIVE_PROMPT = "You are a helpful assistant with access to the following functions. Use them if required -"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from gpuval.finetune.glaive import MalformedRecord, convert_record, parse_call
+from gpuval.finetune.data.glaive import MalformedRecord, convert_record, parse_call
 
 WEATHER_SCHEMA = """{
     "name": "get_current_weather",

@@ -24,13 +24,13 @@ from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, 
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.attention import AttentionPart, use_varlen_attention  # noqa: E402
-from gpuval.finetune.batches import flatten_for_varlen, label_rows  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
+from gpuval.finetune.data.batches import flatten_for_varlen, label_rows  # noqa: E402
+from gpuval.finetune.data.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.last_mlp_rows import LastMlpRows  # noqa: E402
 from gpuval.finetune.liger_ops import LigerOpsPart  # noqa: E402
 from gpuval.finetune.loss_head import LossHead  # noqa: E402
 from gpuval.finetune.model import load_model  # noqa: E402
-from gpuval.finetune.packing import Pack, collate  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 from gpuval.finetune.trainer import train  # noqa: E402
 

@@ -12,8 +12,7 @@ pytest.importorskip("transformers")
 
 from conftest import FLOAT64_REORDERED, assert_close_to_scale  # noqa: E402
 
-from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
-from gpuval.finetune.packing import (  # noqa: E402
+from gpuval.finetune.data.packing import (  # noqa: E402
     Pack,
     collate,
     document_mask,
@@ -24,6 +23,7 @@ from gpuval.finetune.packing import (  # noqa: E402
     seq_lens_squared_mean,
     varlen_kwargs,
 )
+from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX, Encoded, encode  # noqa: E402
 
 X = IGNORE_INDEX

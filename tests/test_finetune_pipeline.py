@@ -15,13 +15,13 @@ import torch  # noqa: E402
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all, functions_named  # noqa: E402
+from gpuval.finetune.data.prepare import SourceRecord, convert_all, functions_named  # noqa: E402
+from gpuval.finetune.data.synth import synth_records, write_synth  # noqa: E402
 from gpuval.finetune.eval.evaluate import generate  # noqa: E402
 from gpuval.finetune.eval.inputs import read_eval_split  # noqa: E402
 from gpuval.finetune.eval.scoring import split_target  # noqa: E402
 from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
 from gpuval.finetune.pipeline import eval_splits, holdout_records  # noqa: E402
-from gpuval.finetune.synth import synth_records, write_synth  # noqa: E402
 from gpuval.finetune.template import render_prompt  # noqa: E402
 
 CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from gpuval.finetune.catalogue import (
+from gpuval.finetune.data.catalogue import (
     ACCENTED,
     BY_NAME,
     CATALOGUE,
@@ -21,8 +21,8 @@ from gpuval.finetune.catalogue import (
     pieces_like,
     pool_part,
 )
-from gpuval.finetune.glaive import convert_record
-from gpuval.finetune.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, rename_names, synth_records
+from gpuval.finetune.data.glaive import convert_record
+from gpuval.finetune.data.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, rename_names, synth_records
 
 N = 600
 

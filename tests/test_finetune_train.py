@@ -23,9 +23,9 @@ from gpuval.config import deep_merge  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.checkpoint import latest_checkpoint  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
-from gpuval.finetune.data import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.prepare import SourceRecord, convert_all  # noqa: E402
+from gpuval.finetune.data.synth import synth_records  # noqa: E402
 from gpuval.finetune.optim import lr_factor  # noqa: E402
-from gpuval.finetune.synth import synth_records  # noqa: E402
 from gpuval.finetune.trainer import BACKWARD, FORWARD, OPTIMIZER_STEP, train  # noqa: E402
 from gpuval.runtime import init_runtime  # noqa: E402
 

@@ -375,7 +375,7 @@ def test_fuzz_glaive_records(data, tmp_path, stub_work):
     code = assert_clean(invoke(args, tmp_path), {0, 2}, raw, out)
     COUNTS["glaive"] = COUNTS.get("glaive", 0) + 1
     if code == 0:  # what was written reads back through the same gate training uses
-        from gpuval.finetune.data import read_jsonl
+        from gpuval.finetune.data.prepare import read_jsonl
 
         for name in ("train", "eval", "eval_unseen"):
             read_jsonl(out / f"{name}.jsonl", "prepared data")

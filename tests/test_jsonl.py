@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.data import prepare, read_jsonl  # noqa: E402
-from gpuval.finetune.synth import render_records, synth_records  # noqa: E402
+from gpuval.finetune.data.prepare import prepare, read_jsonl  # noqa: E402
+from gpuval.finetune.data.synth import render_records, synth_records  # noqa: E402
 from gpuval.inputs import MAX_INT, decode_json  # noqa: E402
 from gpuval.jsonl import dump_line, dump_lines, split_lines  # noqa: E402
 from gpuval.results import Check, Result, Status, World  # noqa: E402

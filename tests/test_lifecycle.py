@@ -300,8 +300,8 @@ def _tiny_training(tmp_path: Path) -> Path:
     """tiny-cpu.yaml on a dozen synthetic records, for many steps: a trainer that runs until stopped."""
     import yaml
 
-    from gpuval.finetune.data import SourceRecord, convert_all
-    from gpuval.finetune.synth import synth_records
+    from gpuval.finetune.data.prepare import SourceRecord, convert_all
+    from gpuval.finetune.data.synth import synth_records
 
     records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(12, seed=3))]
     conversations, _skipped = convert_all(records)

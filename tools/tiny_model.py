@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuval.finetune.catalogue import MadeUp, Values
-from gpuval.finetune.glaive import convert_record
+from gpuval.finetune.data.catalogue import MadeUp, Values
+from gpuval.finetune.data.glaive import convert_record
+from gpuval.finetune.data.synth import rename_names, synth_record, synth_records, word_pieces
 from gpuval.finetune.model import TINY_MODEL_DIR
-from gpuval.finetune.synth import rename_names, synth_record, synth_records, word_pieces
 from gpuval.finetune.template import (
     END_OF_TEXT,
     IM_END,
@@ -252,9 +252,9 @@ def pretrain(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from gpuval.finetune.attention import use_varlen_attention
-    from gpuval.finetune.batches import data_order, flatten_for_varlen, to_device
+    from gpuval.finetune.data.batches import data_order, flatten_for_varlen, to_device
+    from gpuval.finetune.data.packing import collate, pack
     from gpuval.finetune.optim import lr_factor
-    from gpuval.finetune.packing import collate, pack
     from gpuval.finetune.parallel import decoder_layers
 
     started = time.monotonic()

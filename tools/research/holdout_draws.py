@@ -25,9 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpuval.finetune.data import functions_named, read_jsonl
+from gpuval.finetune.data.prepare import functions_named, read_jsonl
+from gpuval.finetune.data.synth import write_synth
 from gpuval.finetune.pipeline import holdout_records
-from gpuval.finetune.synth import write_synth
 
 
 def main() -> int:

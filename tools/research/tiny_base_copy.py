@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gpuval.finetune.glaive import FUNCTION_CALL, parse_call
+from gpuval.finetune.data.glaive import FUNCTION_CALL, parse_call
+from gpuval.finetune.data.synth import rename_names, synth_records, word_pieces
 from gpuval.finetune.model import TINY_MODEL_DIR
-from gpuval.finetune.synth import rename_names, synth_records, word_pieces
 
 HOLDOUT_SEED = 1  # the seed of the CPU fine-tune's holdout_values split (configs/finetune/tiny-cpu.yaml)
 

@@ -140,8 +140,8 @@ def _sizes(quick: bool, on_gpu: bool) -> dict[str, Any]:
 def synthetic_conversations(options: TrainBenchOptions) -> list[dict[str, Any]]:
     """Prepared conversations from `finetune synth`'s generator; in fixed mode, their turns joined until
     each conversation is longer than a sequence can hold (training cuts it to exactly seq_len)."""
-    from gpuval.finetune.data import SourceRecord, convert_all
-    from gpuval.finetune.synth import synth_records
+    from gpuval.finetune.data.prepare import SourceRecord, convert_all
+    from gpuval.finetune.data.synth import synth_records
 
     records = [
         SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(options.records, RECORD_SEED))

@@ -61,7 +61,7 @@ def finetune_synth(
     ] = "tiny",
 ) -> int:
     """Synthetic function-calling records in Glaive v2's own format, quirks included."""
-    from gpuval.finetune.synth import value_part, write_synth
+    from gpuval.finetune.data.synth import value_part, write_synth
 
     path = write_synth(n, output, seed, format_, value_part(values, tokenizer))
     say(f"wrote {n} records to {path}", err=True)
@@ -103,7 +103,7 @@ def finetune_prepare(
 ) -> int:
     """Glaive or OpenAI tool-format records to {"tools", "messages"} JSONL: train, eval and eval_unseen
     splits; skipped counted."""
-    from gpuval.finetune.data import prepare
+    from gpuval.finetune.data.prepare import prepare
 
     stats = prepare(input_, output, eval_fraction, seed, unseen_fraction, format_)
     if json_:

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from gpuval.errors import RunError
+from gpuval.finetune.data.packing import packs_s_eff
 from gpuval.finetune.flops import lora_flops_per_token, mfu
-from gpuval.finetune.packing import packs_s_eff
 
 
 class PendingStep:

@@ -46,8 +46,8 @@ def holdout_path(cfg: FinetuneConfig) -> Path:
 def make_data(cfg: FinetuneConfig, log: Any = print) -> None:
     """The config's synth and prepare steps (whichever it has), then the held-out-values split."""
     from gpuval.atomic import write_text_atomic
-    from gpuval.finetune.data import prepare
-    from gpuval.finetune.synth import value_part, write_synth
+    from gpuval.finetune.data.prepare import prepare
+    from gpuval.finetune.data.synth import value_part, write_synth
 
     train_source, holdout_source = synth_paths(cfg)
     if cfg.synth:
@@ -69,7 +69,7 @@ def make_data(cfg: FinetuneConfig, log: Any = print) -> None:
 def holdout_records(source: Path, seen_functions: set[str] | None) -> list[dict[str, Any]]:
     """Prepared records of `source` whose first reply calls a function, and only functions in
     `seen_functions` (None: any)."""
-    from gpuval.finetune.data import convert_all, functions_named, read_source
+    from gpuval.finetune.data.prepare import convert_all, functions_named, read_source
     from gpuval.finetune.eval.scoring import split_target
 
     kept, _skipped = convert_all(read_source(str(source)))
@@ -82,7 +82,7 @@ def holdout_records(source: Path, seen_functions: set[str] | None) -> list[dict[
 
 
 def _seen_functions(cfg: FinetuneConfig) -> set[str] | None:
-    from gpuval.finetune.data import functions_named, read_jsonl
+    from gpuval.finetune.data.prepare import functions_named, read_jsonl
 
     if not Path(cfg.data.train).is_file():
         return None

@@ -41,7 +41,6 @@ from torch.profiler import record_function
 from gpuval.atomic import write_text_atomic
 from gpuval.deadline import phase, step_expected_s
 from gpuval.errors import UsageError
-from gpuval.finetune.batches import step_batches_for
 from gpuval.finetune.checkpoint import (
     FINAL_ADAPTER,
     load_checkpoint,
@@ -50,10 +49,11 @@ from gpuval.finetune.checkpoint import (
     save_checkpoint,
 )
 from gpuval.finetune.config import FinetuneConfig
-from gpuval.finetune.data import read_jsonl
+from gpuval.finetune.data.batches import step_batches_for
+from gpuval.finetune.data.packing import pack_with_stats
+from gpuval.finetune.data.prepare import read_jsonl
 from gpuval.finetune.flops import peak_flops
 from gpuval.finetune.model import load_tokenizer
-from gpuval.finetune.packing import pack_with_stats
 from gpuval.finetune.parallel import deepspeed_config
 from gpuval.finetune.pending import PendingStep, StepLog
 from gpuval.finetune.step import build_step, decide_parts, details_line, part_reports, step_context

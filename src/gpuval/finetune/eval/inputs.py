@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuval.errors import UsageError, first_line
+from gpuval.finetune.data.openai_format import json_kind
 from gpuval.finetune.eval.scoring import split_target
-from gpuval.finetune.openai_format import json_kind
 from gpuval.finetune.template import render_prompt
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -108,7 +108,7 @@ def read_eval_split(
     """The first `limit` records of a prepared JSONL split that have an assistant turn to predict and whose
     prompt `fits`, and the line numbers of those left out for not fitting. Every line is checked, also
     past the limit: a broken file is refused whatever the limit."""
-    from gpuval.finetune.data import read_jsonl
+    from gpuval.finetune.data.prepare import read_jsonl
 
     records: list[dict[str, Any]] = []
     too_long: list[int] = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuval import jsonl
-from gpuval.finetune.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, draw
+from gpuval.finetune.data.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, draw
 
 SYSTEM_WITH_TOOLS = (
     "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -"
@@ -225,7 +225,7 @@ def rename_names(
     a made-up snake_case name from word `pieces`, in the schemas and the calls alike
     (`departure_date` -> `brov_elsik`): a name that can only be read from the schema, as a call to a
     function never seen in training must read it. Tool-free records come back unchanged."""
-    from gpuval.finetune.glaive import parse_call
+    from gpuval.finetune.data.glaive import parse_call
 
     if not record["system"].startswith(SYSTEM_WITH_TOOLS + "\n"):
         return record

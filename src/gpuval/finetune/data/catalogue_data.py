@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import date, timedelta
 from typing import Any
 
-from gpuval.finetune.catalogue_types import FunctionSpec, Param, Pool
+from gpuval.finetune.data.catalogue_types import FunctionSpec, Param, Pool
 
 
 def _listed(*values: Any) -> Pool:

@@ -31,8 +31,8 @@ from typing import Any
 
 from gpuval import jsonl
 from gpuval.errors import UsageError
-from gpuval.finetune import glaive, openai_format
-from gpuval.finetune.glaive import NOT_JSON, MalformedRecord
+from gpuval.finetune.data import glaive, openai_format
+from gpuval.finetune.data.glaive import NOT_JSON, MalformedRecord
 from gpuval.inputs import MAX_DATASET_BYTES, decode_json, json_problem, read_input_text
 
 STATS_SCHEMA = "gpuval.finetune.prepare/v1"

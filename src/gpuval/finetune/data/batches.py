@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpuval.finetune.packing import Pack, collate, varlen_kwargs
+from gpuval.finetune.data.packing import Pack, collate, varlen_kwargs
 from gpuval.finetune.template import IGNORE_INDEX
 
 

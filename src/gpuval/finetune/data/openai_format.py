@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpuval.finetune.glaive import (
+from gpuval.finetune.data.glaive import (
     BAD_TURN,
     BROKEN_CALL,
     EMPTY_CHAT,

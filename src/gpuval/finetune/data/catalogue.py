@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuval.finetune.catalogue_data import BY_NAME, CATALOGUE, POOLS
-from gpuval.finetune.catalogue_types import FunctionSpec, Param, Pool
+from gpuval.finetune.data.catalogue_data import BY_NAME, CATALOGUE, POOLS
+from gpuval.finetune.data.catalogue_types import FunctionSpec, Param, Pool
 
 __all__ = [
     "ACCENTED",
