@@ -433,8 +433,9 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
 @pytest.fixture(autouse=True)
 def _launcher_variables_restored() -> Iterator[None]:
     """After each test, os.environ's launcher variables are what they were before it. A rank run in this
-    process sets some (finetune/parallel.py sets RANK, LOCAL_RANK and WORLD_SIZE for DeepSpeed), and under
-    parallel workers any test may come next: TRL's SFTConfig, seeing LOCAL_RANK, starts a process group."""
+    process sets some (finetune/parallel/modes.py sets RANK, LOCAL_RANK and WORLD_SIZE for DeepSpeed), and
+    under parallel workers any test may come next: TRL's SFTConfig, seeing LOCAL_RANK, starts a process
+    group."""
     before = {key: value for key, value in os.environ.items() if is_launcher_variable(key)}
     yield
     for key in [key for key in os.environ if is_launcher_variable(key) and key not in before]:

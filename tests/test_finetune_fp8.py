@@ -217,7 +217,7 @@ def test_fp8_settings_under_bf16_are_a_one_line_error_naming_the_setting():
 def test_fp8_goes_into_the_frozen_base_linears_only_and_lora_keeps_its_parameters():
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = _lora_model()
     trainable_before = {n: (p.dtype, p.shape) for n, p in model.named_parameters() if p.requires_grad}
@@ -296,7 +296,7 @@ def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_origina
 
 def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it():
     from gpuval.finetune.fused_qkv import fuse_qkv
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = _lora_model()
     attention = model.get_base_model().model.layers[0].self_attn
@@ -392,7 +392,7 @@ def test_quantised_values_are_row_major_whatever_the_input_layout():
 @rowwise_product
 def test_fp8_exclude_names_layers_from_either_end_and_keeps_exactly_those_in_bf16():
     from gpuval.finetune.fused_qkv import fuse_qkv
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = _lora_model()
     layers = decoder_layers(model)
@@ -424,7 +424,7 @@ def test_fp8_exclude_names_layers_from_either_end_and_keeps_exactly_those_in_bf1
 
 
 def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     layers = decoder_layers(_lora_model())
     for pattern in ("*.self_attn.q_proj.base_layer", "99.mlp.*", "*.mlp.gate"):
@@ -437,7 +437,7 @@ def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
 
 def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded():
     from gpuval.finetune.fused_mlp import GateUpHalf, fuse_gate_up
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = _lora_model()
     layers = decoder_layers(model)
@@ -455,7 +455,7 @@ def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded(
 
 def test_fp8_exclude_unset_keeps_the_first_and_last_layer_in_bf16_and_empty_keeps_none():
     from gpuval.finetune.fp8 import DEFAULT_EXCLUDE, resolve_exclude
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     assert resolve_exclude(None) == DEFAULT_EXCLUDE == ("0.*", "-1.*")
     assert resolve_exclude([]) == () and resolve_exclude(["*.mlp.*"]) == ("*.mlp.*",)

@@ -194,7 +194,7 @@ fp8_available = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="
 @fp8_available
 def test_fp8_quantises_the_concatenated_weight_once_and_convert_frozen_linears_leaves_it_alone():
     from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, quantize_rows
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = lora_model(dtype=torch.bfloat16)
     plain = copy.deepcopy(model)
@@ -230,7 +230,7 @@ def test_fp8_mlp_quantises_x_once_and_computes_one_input_gradient_product(monkey
     from test_finetune_fp8 import product_bound
 
     from gpuval.finetune.fp8 import FP8_MAX, convert_frozen_linears
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     model = lora_model(dtype=torch.bfloat16)
     plain = copy.deepcopy(model)

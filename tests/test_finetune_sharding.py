@@ -1,5 +1,5 @@
-"""train.sharding (finetune/sharding.py): when FSDP2's decoder layers keep their gathered weights, and which
-frozen submodules ZeRO-3 fetches whole."""
+"""train.sharding (finetune/parallel/sharding.py): when FSDP2's decoder layers keep their gathered weights,
+and which frozen submodules ZeRO-3 fetches whole."""
 
 from types import SimpleNamespace
 
@@ -9,8 +9,8 @@ from conftest import FLOAT64_REORDERED, assert_close_to_scale
 
 from gpuval.finetune.config import ShardingSettings
 from gpuval.finetune.model import apply_lora, load_model
-from gpuval.finetune.parallel import decoder_layers
-from gpuval.finetune.sharding import (
+from gpuval.finetune.parallel.modes import decoder_layers
+from gpuval.finetune.parallel.sharding import (
     ShardingPlan,
     compile_whole_submodules,
     frozen_subtrees,

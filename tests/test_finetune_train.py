@@ -137,7 +137,7 @@ def test_a_profiled_step_writes_its_trace_and_with_stack_names_the_python_behind
     # one step profiled, of one micro-batch: PEFT's forward once, gpuval's backward once
     forwards = [name for name in python if "peft/peft_model.py" in name and name.endswith(": forward")]
     backwards = [
-        name for name in python if "gpuval/finetune/parallel.py" in name and name.endswith(": backward")
+        name for name in python if "gpuval/finetune/parallel/modes.py" in name and name.endswith(": backward")
     ]
     assert (len(forwards), len(backwards)) == ((1, 1) if stack else (0, 0)), (forwards, backwards)
     # the step's phases as ranges, each once, in order
@@ -270,7 +270,7 @@ def test_deepcompile_with_compiled_layers_is_refused_before_the_model_loads(
     decoder layers on top of it is refused in one line, before any model is built; with `auto` the JSON's
     compile section is passed on as it is."""
     import gpuval.finetune.step as step_module
-    from gpuval.finetune.parallel import deepcompile, deepspeed_config
+    from gpuval.finetune.parallel.modes import deepcompile, deepspeed_config
 
     monkeypatch.setattr(step_module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     config = tmp_path / "zero3-dc.json"
@@ -490,7 +490,7 @@ def test_a_pickle_planted_among_deepspeeds_files_is_refused_before_deepspeed_loa
     """DeepSpeed's own loader unpickles with weights_only=False; gpuval reads every file the safe way
     first. A real tensor file passes; the planted one is refused naming it, and its code never runs."""
     from gpuval.errors import UsageError
-    from gpuval.finetune.parallel import _refuse_unsafe_pickles
+    from gpuval.finetune.parallel.modes import _refuse_unsafe_pickles
 
     checkpoint = tmp_path / "step-00000002"
     shards = checkpoint / "deepspeed" / "step"
@@ -521,7 +521,7 @@ def test_nonfinite_weights_counts_each_tensor_holding_a_nan_or_inf_once():
     """The count behind the divergence stop, by hand: one fused L1 norm per tensor (parallel.py)."""
     from types import SimpleNamespace
 
-    from gpuval.finetune.parallel import Parallel
+    from gpuval.finetune.parallel.modes import Parallel
 
     nan, inf = float("nan"), float("inf")
     tensors = [

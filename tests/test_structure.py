@@ -255,6 +255,7 @@ def test_the_ui_layer_check_tells_a_package_from_a_name_that_starts_alike():
 FINETUNE_BASE = ("config", "model", "template", "flops", "optim", "lock")
 FINETUNE_SUBPACKAGES = {
     "gpuval.finetune.data": FINETUNE_BASE,
+    "gpuval.finetune.parallel": FINETUNE_BASE,
     "gpuval.finetune.eval": (*FINETUNE_BASE, "data"),
     "gpuval.finetune.export": (*FINETUNE_BASE, "checkpoint"),
 }

@@ -255,7 +255,7 @@ def pretrain(
     from gpuval.finetune.data.batches import data_order, flatten_for_varlen, to_device
     from gpuval.finetune.data.packing import collate, pack
     from gpuval.finetune.optim import lr_factor
-    from gpuval.finetune.parallel import decoder_layers
+    from gpuval.finetune.parallel.modes import decoder_layers
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))

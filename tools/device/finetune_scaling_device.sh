@@ -80,7 +80,7 @@ runs_for() {  # the runs of a phase: NAME GPUS [bench train --set arguments...],
       echo "deepspeed-compiled-$GPUS $GPUS ${ZERO3[*]} --set step.compile=true"
       echo "fsdp-whole-products-$GPUS $GPUS --set parallel=fsdp --set step.split_products=false"
       ;;
-    sharding)  # train.sharding (finetune/sharding.py): FSDP2 keeping gathered weights (auto) against
+    sharding)  # train.sharding (finetune/parallel/sharding.py): FSDP2 keeping gathered weights (auto) against
       # resharding; ZeRO-3 with a prefetch bucket that holds a whole decoder layer (233 M parameters)
       echo "1gpu 1"
       echo "fsdp-$GPUS $GPUS --set parallel=fsdp"

@@ -236,7 +236,7 @@ class ExperimentalSettings(_Strict):
 
 
 class ShardingSettings(_Strict):
-    """How fsdp and ZeRO-3 move the sharded weights (finetune/sharding.py); `auto` resolves per model and
+    """How fsdp and ZeRO-3 move the sharded weights (parallel/sharding.py); `auto` resolves per model and
     GPU, and the run's start-up line says what it chose and why."""
 
     fsdp_reshard_after_forward: bool | Literal["auto"] = Field(
@@ -252,7 +252,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): fetch each frozen submodule of a decoder layer that has "
         "children of its own (Qwen2's MLP when LoRA targets the attention) whole, by one all-gather and "
         "without hooks on its children, instead of child by child. A submodule holding a trainable weight "
-        "is never fetched whole (finetune/sharding.py says why). auto: false (measured: no difference "
+        "is never fetched whole (parallel/sharding.py says why). auto: false (measured: no difference "
         "within ZeRO-3's spread)",
     )
     zero3_whole_lora: bool | Literal["auto"] = Field(
@@ -260,7 +260,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): run each LoRA layer whose weights ZeRO-3 keeps whole on "
         "every rank (stage3_param_persistence_threshold) as one module, its base product, dropout, A and B "
         "called as functions, so ZeRO-3 runs its fetch hooks on one module instead of five; the arithmetic "
-        "is PEFT's (finetune/sharding.py). auto: true (measured: 9 to 23 points of one GPU's rate more on "
+        "is PEFT's (parallel/sharding.py). auto: true (measured: 9 to 23 points of one GPU's rate more on "
         "2 GPUs, no difference on 4)",
     )
     zero3_unhook_whole: bool | Literal["auto"] = Field(
@@ -268,7 +268,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): take DeepSpeed's fetch hooks off every module that owns "
         "no partitioned weight (all its weights kept whole on every rank, or none: norms, activations, the "
         "attention and its LoRA layers under the shipped zero3.json), so they run only where there is "
-        "something to fetch; the arithmetic is unchanged (finetune/sharding.py). auto: true (measured: "
+        "something to fetch; the arithmetic is unchanged (parallel/sharding.py). auto: true (measured: "
         "70 to 72 % of one GPU's rate on 4 GPUs against 62 and 69 % with every module hooked)",
     )
     zero3_lean_step: bool | Literal["auto"] = Field(
@@ -276,7 +276,7 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): keep the weights ZeRO-3 keeps whole gathered through "
         "each optimizer step (DeepSpeed releases them and gathers each again by an all-gather of its own) "
         "and bring the trainable ones up to date in place by one all-gather; the update is DeepSpeed's "
-        "(finetune/zero3_step.py). auto: true (measured on 4 GPUs: its first form 76 % of one GPU's rate "
+        "(parallel/zero3_step.py). auto: true (measured on 4 GPUs: its first form 76 % of one GPU's rate "
         "against 71 and 72 % with DeepSpeed's step; as shipped 80.4 to 81.9 %)",
     )
     zero3_fused_epilogue: bool | Literal["auto"] = Field(
@@ -284,14 +284,14 @@ class ShardingSettings(_Strict):
         description="ZeRO-3 (deepspeed, stage 3): reduce the adapter's gradients at the end of each backward "
         "by one multi-tensor copy, one reduce-scatter and one multi-tensor copy into the fp32 partitions, "
         "where DeepSpeed runs several operations per weight while the GPU waits; the arithmetic is "
-        "DeepSpeed's (finetune/zero3_step.py). auto: false (measured: the step's longest idle gaps gone on 2 "
+        "DeepSpeed's (parallel/zero3_step.py). auto: false (measured: the step's longest idle gaps gone on 2 "
         "GPUs, its rate unchanged within ZeRO-3's spread on 2 and 4)",
     )
     zero3_compile_whole: bool | Literal["auto"] = Field(
         "auto",
         description="ZeRO-3 (deepspeed, stage 3): torch.compile each submodule of a decoder layer "
         "that owns weights, all kept whole on every rank (Qwen2's attention under the shipped zero3.json), "
-        "while the layers stay eager for DeepSpeed's fetch hooks (finetune/sharding.py). auto: false "
+        "while the layers stay eager for DeepSpeed's fetch hooks (parallel/sharding.py). auto: false "
         "(measured on one GPU: no gain, 4.6 GiB more)",
     )
 

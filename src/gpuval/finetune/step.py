@@ -28,9 +28,9 @@ from gpuval.finetune.loss_head import FusedLossPart, LossHead
 from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, ties_output_head, token_ids
 from gpuval.finetune.packed_dropout import PackedDropoutPart
-from gpuval.finetune.parallel import decoder_layers, make_parallel, zero_stage
+from gpuval.finetune.parallel.modes import decoder_layers, make_parallel, zero_stage
+from gpuval.finetune.parallel.sharding import plan_sharding
 from gpuval.finetune.parts import Decision, Part, StepContext
-from gpuval.finetune.sharding import plan_sharding
 from gpuval.finetune.split_products import SplitProductsPart
 from gpuval.runtime import Runtime
 

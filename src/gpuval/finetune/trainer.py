@@ -54,7 +54,7 @@ from gpuval.finetune.data.packing import pack_with_stats
 from gpuval.finetune.data.prepare import read_jsonl
 from gpuval.finetune.flops import peak_flops
 from gpuval.finetune.model import load_tokenizer
-from gpuval.finetune.parallel import deepspeed_config
+from gpuval.finetune.parallel.modes import deepspeed_config
 from gpuval.finetune.pending import PendingStep, StepLog
 from gpuval.finetune.step import build_step, decide_parts, details_line, part_reports, step_context
 from gpuval.finetune.template import encode

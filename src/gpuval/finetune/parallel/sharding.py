@@ -82,7 +82,7 @@ gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 %
   (`benchmarks/results/2026-11-28-h200x1-finetune-zero3-compile/`).
 
 - `zero3_lean_step` and `zero3_fused_epilogue` (ZeRO-3): the optimizer step and the end of the backward,
-  in finetune/zero3_step.py, which says what they change and what was measured.
+  in finetune/parallel/zero3_step.py, which says what they change and what was measured.
 
 Sources: FSDP2's `fully_shard` documentation
 (https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html); DeepSpeed's ZeRO-3 leaf modules
@@ -97,7 +97,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gpuval.finetune.zero3_step import gather_released
+from gpuval.finetune.parallel.zero3_step import gather_released
 
 # torch.nn.functional.linear as torch defines it: ZeRO-3 replaces the module attribute with its own autograd
 # function (DeepSpeed's memory_efficient_linear), which keeps a gathered weight out of the saved tensors and

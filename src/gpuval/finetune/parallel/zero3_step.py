@@ -1,6 +1,6 @@
 """ZeRO-3's optimizer step and the end of its backward, where DeepSpeed does host work per weight while the
 GPU waits (`train.sharding.zero3_lean_step`, `train.sharding.zero3_fused_epilogue`; planned with the rest
-of `train.sharding` in finetune/sharding.py). Both replace parts of DeepSpeed's ZeRO-3 optimizer on its
+of `train.sharding` in parallel/sharding.py). Both replace parts of DeepSpeed's ZeRO-3 optimizer on its
 instance, after `deepspeed.initialize`; the classes stay as DeepSpeed made them.
 
 - `zero3_lean_step` (ZeRO-3). At each optimizer step DeepSpeed releases every weight, those it keeps whole

@@ -29,13 +29,13 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.sharding import (
+from gpuval.finetune.parallel.sharding import (
     ShardingPlan,
     compile_whole_submodules,
     run_lora_whole,
     unhook_whole_modules,
 )
-from gpuval.finetune.zero3_step import fused_gradient_epilogue, lean_step
+from gpuval.finetune.parallel.zero3_step import fused_gradient_epilogue, lean_step
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
