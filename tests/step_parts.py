@@ -1,12 +1,12 @@
-"""The tests' way to ask a step part for its decision (finetune/parts.py) without a model or a config file:
-a StepContext from keyword settings."""
+"""The tests' way to ask a step part for its decision (finetune/step/parts.py) without a model or a config
+file: a StepContext from keyword settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
-from gpuval.finetune.parts import Decision, Part, StepContext
+from gpuval.finetune.step.parts import Decision, Part, StepContext
 
 
 def context(

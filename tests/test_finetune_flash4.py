@@ -1,4 +1,4 @@
-"""FlashAttention-4 as the attention of whole-document rows (finetune/flash4.py,
+"""FlashAttention-4 as the attention of whole-document rows (finetune/step/flash4.py,
 `train.step.row_kernel: fa4`).
 
 FA4's kernels need a Hopper or Blackwell GPU; here the custom operators run their CPU kernels (the same
@@ -20,8 +20,8 @@ from conftest import assert_close_to_scale
 from step_parts import decide
 
 from gpuval.errors import UsageError
-from gpuval.finetune import attention, flash4
-from gpuval.finetune.attention import AttentionPart
+from gpuval.finetune.step import attention, flash4
+from gpuval.finetune.step.attention import AttentionPart
 
 # rel between the float32 CPU kernels and SDPA: sums of at most 10 terms (8 dimensions, 10 keys), whose
 # roundings (2^-24 each) a softmax's exp turns into relative errors of the scores' size (a few units):

@@ -1,4 +1,4 @@
-"""finetune/fp8.py: row-wise e4m3 quantisation, the FP8 linear layer's output and input gradient, the
+"""finetune/step/fp8.py: row-wise e4m3 quantisation, the FP8 linear layer's output and input gradient, the
 device check, and where the trainer puts FP8 layers.
 
 PyTorch's CPU build implements `torch._scaled_mm` for float8 with row-wise scales (it dequantises and
@@ -25,7 +25,7 @@ from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fp8 import (  # noqa: E402
+from gpuval.finetune.step.fp8 import (  # noqa: E402
     FP8_MAX,
     Fp8BasePart,
     Fp8Linear,
@@ -295,8 +295,8 @@ def test_bf16_input_gradient_keeps_the_fp8_forward_and_multiplies_by_the_origina
 
 
 def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it():
-    from gpuval.finetune.fused_qkv import fuse_qkv
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fused_qkv import fuse_qkv
 
     model = _lora_model()
     attention = model.get_base_model().model.layers[0].self_attn
@@ -322,7 +322,7 @@ def test_fused_qkv_in_fp8_quantises_the_concatenated_weight_once_and_shares_it()
 
 
 def test_fp8_on_a_cpu_is_refused_before_loading(runtime, train_file, tmp_path, monkeypatch):  # noqa: F811
-    import gpuval.finetune.step as step
+    import gpuval.finetune.step.build as step
     import gpuval.finetune.trainer as trainer
     from gpuval.finetune.config import finetune_config_from_dict
 
@@ -346,7 +346,7 @@ def test_train_in_fp8_on_the_cpu_path_saves_a_peft_adapter(runtime, train_file, 
 
     from peft import PeftModel
 
-    import gpuval.finetune.fp8 as fp8
+    import gpuval.finetune.step.fp8 as fp8
     import gpuval.finetune.trainer as trainer
     from gpuval.finetune.config import finetune_config_from_dict
     from gpuval.finetune.model import load_model
@@ -391,8 +391,8 @@ def test_quantised_values_are_row_major_whatever_the_input_layout():
 
 @rowwise_product
 def test_fp8_exclude_names_layers_from_either_end_and_keeps_exactly_those_in_bf16():
-    from gpuval.finetune.fused_qkv import fuse_qkv
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fused_qkv import fuse_qkv
 
     model = _lora_model()
     layers = decoder_layers(model)
@@ -436,8 +436,8 @@ def test_fp8_exclude_pattern_matching_nothing_is_a_one_line_error():
 
 
 def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded():
-    from gpuval.finetune.fused_mlp import GateUpHalf, fuse_gate_up
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fused_mlp import GateUpHalf, fuse_gate_up
 
     model = _lora_model()
     layers = decoder_layers(model)
@@ -454,8 +454,8 @@ def test_fp8_exclude_keeps_a_fused_gate_up_in_bf16_when_either_part_is_excluded(
 
 
 def test_fp8_exclude_unset_keeps_the_first_and_last_layer_in_bf16_and_empty_keeps_none():
-    from gpuval.finetune.fp8 import DEFAULT_EXCLUDE, resolve_exclude
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fp8 import DEFAULT_EXCLUDE, resolve_exclude
 
     assert resolve_exclude(None) == DEFAULT_EXCLUDE == ("0.*", "-1.*")
     assert resolve_exclude([]) == () and resolve_exclude(["*.mlp.*"]) == ("*.mlp.*",)

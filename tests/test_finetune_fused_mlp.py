@@ -1,4 +1,4 @@
-"""finetune/fused_mlp.py: the fused gate/up computes what the MLP's two products compute (a hand-checked
+"""finetune/step/fused_mlp.py: the fused gate/up computes what the MLP's two products compute (a hand-checked
 MLP exactly, the tiny model's loss and LoRA gradients in float64), shares one weight with the projections,
 leaves the state dict and the adapter as they were, refuses a call order it was not built for, leaves MLPs
 with LoRA on gate/up alone, and in FP8 quantises the concatenated weight once, which
@@ -26,8 +26,8 @@ from test_finetune_fused_qkv import FLOAT64_SUMS, QKVO, lora_model, relative  # 
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_mlp import FusedGateUpPart, GateUpHalf, fuse_gate_up  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
+from gpuval.finetune.step.fused_mlp import FusedGateUpPart, GateUpHalf, fuse_gate_up  # noqa: E402
 
 INTERMEDIATE = 576  # the tiny model's intermediate_size (hidden 192)
 
@@ -193,8 +193,8 @@ fp8_available = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="
 
 @fp8_available
 def test_fp8_quantises_the_concatenated_weight_once_and_convert_frozen_linears_leaves_it_alone():
-    from gpuval.finetune.fp8 import Fp8Linear, convert_frozen_linears, quantize_rows
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fp8 import Fp8Linear, convert_frozen_linears, quantize_rows
 
     model = lora_model(dtype=torch.bfloat16)
     plain = copy.deepcopy(model)
@@ -229,8 +229,8 @@ def test_fp8_mlp_quantises_x_once_and_computes_one_input_gradient_product(monkey
     weight."""
     from test_finetune_fp8 import product_bound
 
-    from gpuval.finetune.fp8 import FP8_MAX, convert_frozen_linears
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.fp8 import FP8_MAX, convert_frozen_linears
 
     model = lora_model(dtype=torch.bfloat16)
     plain = copy.deepcopy(model)

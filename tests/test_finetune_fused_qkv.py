@@ -1,6 +1,6 @@
-"""finetune/fused_qkv.py on the tiny model: the fused q/k/v computes what PEFT's three LoRA layers compute
-(outputs and gradients, float64), shares one dropout mask among them, keeps PEFT's adapter layout on disk,
-and refuses a call order it was not built for."""
+"""finetune/step/fused_qkv.py on the tiny model: the fused q/k/v computes what PEFT's three LoRA layers
+compute (outputs and gradients, float64), shares one dropout mask among them, keeps PEFT's adapter layout
+on disk, and refuses a call order it was not built for."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_qkv import FusedQkvPart, fuse_qkv  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
+from gpuval.finetune.step.fused_qkv import FusedQkvPart, fuse_qkv  # noqa: E402
 
 QKVO = ["q_proj", "k_proj", "v_proj", "o_proj"]
 FLOAT64_SUMS = 1e-12  # float64 sums of the same terms in another order (one product vs three)
@@ -192,7 +192,7 @@ def test_a_compiled_attention_layer_traces_fused_qkv_in_one_graph(fp8):
     """The trainer compiles each decoder layer on a GPU: the q/k/v calls' bookkeeping (and the FP8 layer's
     autograd function) must trace without a graph break. Dynamo and AOT autograd run here (backend
     aot_eager, fullgraph); inductor's code generation is the GPU run's."""
-    from gpuval.finetune.fused_qkv import IDLE
+    from gpuval.finetune.step.fused_qkv import IDLE
 
     dtype = torch.bfloat16 if fp8 else torch.float32  # FP8 products give bf16, as training's bf16 model does
     model = lora_model(dtype=dtype)

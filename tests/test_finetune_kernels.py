@@ -23,14 +23,14 @@ from step_parts import decide  # noqa: E402
 from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.attention import AttentionPart, use_varlen_attention  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.data.batches import flatten_for_varlen, label_rows  # noqa: E402
 from gpuval.finetune.data.packing import Pack, collate  # noqa: E402
-from gpuval.finetune.last_mlp_rows import LastMlpRows  # noqa: E402
-from gpuval.finetune.liger_ops import LigerOpsPart  # noqa: E402
-from gpuval.finetune.loss_head import LossHead  # noqa: E402
 from gpuval.finetune.model import load_model  # noqa: E402
+from gpuval.finetune.step.attention import AttentionPart, use_varlen_attention  # noqa: E402
+from gpuval.finetune.step.last_mlp_rows import LastMlpRows  # noqa: E402
+from gpuval.finetune.step.liger_ops import LigerOpsPart  # noqa: E402
+from gpuval.finetune.step.loss_head import LossHead  # noqa: E402
 from gpuval.finetune.template import IGNORE_INDEX  # noqa: E402
 from gpuval.finetune.trainer import train  # noqa: E402
 
@@ -296,7 +296,7 @@ def test_float32_weights_on_a_gpu_take_sdpa_since_the_flash_kernels_take_half_pr
     """The tiny config (float32, no autocast) on a GPU stopped at its first step with FlashAttention's "only
     support fp16 and bf16" when auto chose varlen; now auto picks SDPA there and varlen by hand is refused
     up front. bf16 on a GPU and float32 on a CPU keep varlen."""
-    from gpuval.finetune import attention
+    from gpuval.finetune.step import attention
 
     monkeypatch.setattr(attention, "_varlen_attn", lambda: object())  # as on a GPU with torch >= 2.10
     assert _attention(attention="auto", on_gpu=True, dtype="float32").choice == "sdpa"
@@ -310,7 +310,7 @@ def test_float32_weights_on_a_gpu_take_sdpa_since_the_flash_kernels_take_half_pr
 def test_auto_kernels_on_a_gpu_keep_the_fused_loss_with_or_without_liger(monkeypatch, installed):
     """Whether Liger-Kernel is installed only decides Liger's model kernels in uncompiled layers: the fused
     loss (gpuval's own by default) is chosen on a GPU either way, so its logits are never materialised."""
-    from gpuval.finetune import liger_ops
+    from gpuval.finetune.step import liger_ops
 
     monkeypatch.setattr(liger_ops, "_liger_installed", lambda: installed)
     assert _kernels(kernels="auto", on_gpu=True, compiled=True) == "liger-loss"
@@ -331,7 +331,7 @@ def test_auto_kernels_on_a_gpu_keep_the_fused_loss_with_or_without_liger(monkeyp
 
 
 def test_a_gpu_without_liger_says_so_in_one_line_naming_the_install(monkeypatch):
-    from gpuval.finetune import liger_ops
+    from gpuval.finetune.step import liger_ops
 
     monkeypatch.setattr(liger_ops, "_liger_installed", lambda: False)
     note = decide(LigerOpsPart(), on_gpu=True, compiled=False).note
@@ -437,9 +437,9 @@ def test_the_fused_loss_runs_under_every_parallel_mode_unless_the_head_is_tied_t
 ):
     from step_parts import context
 
-    from gpuval.finetune.loss_head import FusedLossPart
-    from gpuval.finetune.parts import Decision
-    from gpuval.finetune.step import decide_parts
+    from gpuval.finetune.step.build import decide_parts
+    from gpuval.finetune.step.loss_head import FusedLossPart
+    from gpuval.finetune.step.parts import Decision
 
     liger_loss = {"liger_ops": Decision(False, "liger-loss", "set")}
     for parallel in ("ddp", "fsdp", "deepspeed"):  # an untied head leaves the model: whole on every rank

@@ -1,4 +1,4 @@
-"""gpuval's chunked output head + cross-entropy (finetune/linear_ce.py) against F.cross_entropy over the
+"""gpuval's chunked output head + cross-entropy (finetune/step/linear_ce.py) against F.cross_entropy over the
 full logits, in float64 on the CPU: loss and input gradient, for chunks smaller than, equal to and larger
 than the rows, a last chunk of one row, and a scaled incoming gradient."""
 
@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from conftest import FLOAT64_REORDERED, assert_close_to_scale  # noqa: E402
 
-from gpuval.finetune.linear_ce import chunk_loss_and_grad, linear_cross_entropy  # noqa: E402
+from gpuval.finetune.step.linear_ce import chunk_loss_and_grad, linear_cross_entropy  # noqa: E402
 
 
 def _problem(rows: int, d: int = 16, vocab: int = 50, seed: int = 0):

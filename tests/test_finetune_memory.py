@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuval.finetune.memory import GIB, choose_checkpointing, estimate_step_memory
+from gpuval.finetune.step.memory import GIB, choose_checkpointing, estimate_step_memory
 
 SHAPE = Path(__file__).parents[1] / "src/gpuval/finetune/shapes/qwen2-7b/config.json"
 QWEN2_7B = SimpleNamespace(**json.loads(SHAPE.read_text()))

@@ -1,4 +1,4 @@
-"""finetune/packed_dropout.py: the packed keep-mask decides every element independently with the drawn
+"""finetune/step/packed_dropout.py: the packed keep-mask decides every element independently with the drawn
 probability (each of the eight bit positions of a byte too), the same key gives the same mask and another
 key another; the dropout keeps the expectation, scales once as nn.Dropout does and sends the gradient
 through the kept elements only; it compiles; it replaces PEFT's dropouts (the fused q/k/v's too) without
@@ -21,8 +21,8 @@ from test_finetune_fused_qkv import lora_model  # noqa: E402
 from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
-from gpuval.finetune.fused_qkv import fuse_qkv  # noqa: E402
-from gpuval.finetune.packed_dropout import (  # noqa: E402
+from gpuval.finetune.step.fused_qkv import fuse_qkv  # noqa: E402
+from gpuval.finetune.step.packed_dropout import (  # noqa: E402
     LEVELS,
     PackedDropout,
     PackedDropoutPart,

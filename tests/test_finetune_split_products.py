@@ -1,4 +1,4 @@
-"""finetune/split_products.py on the tiny model: with every frozen linear's hidden-size side computed in
+"""finetune/step/split_products.py on the tiny model: with every frozen linear's hidden-size side computed in
 column groups the model computes what it computed before, output and every adapter's gradient (float64),
 with PEFT's q/k/v or the fused one and with the last MLP on labelled rows; the groups are the largest power
 of two and the rest; only frozen plain linears change; and the split layers compile in one graph."""
@@ -18,9 +18,9 @@ from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import QKVO, lora_model  # noqa: E402
 
 from gpuval.errors import UsageError  # noqa: E402
-from gpuval.finetune.fused_qkv import fuse_qkv  # noqa: E402
-from gpuval.finetune.last_mlp_rows import LastMlpRows  # noqa: E402
-from gpuval.finetune.split_products import (  # noqa: E402
+from gpuval.finetune.step.fused_qkv import fuse_qkv  # noqa: E402
+from gpuval.finetune.step.last_mlp_rows import LastMlpRows  # noqa: E402
+from gpuval.finetune.step.split_products import (  # noqa: E402
     SplitProductsPart,
     column_grouped_mm,
     column_groups,

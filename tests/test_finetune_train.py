@@ -249,7 +249,7 @@ def test_a_key_that_moved_into_a_section_is_an_error_naming_its_new_place(train_
 def test_a_missing_deepspeed_config_is_an_error_before_the_model_loads(
     runtime, train_file, tmp_path, monkeypatch
 ):
-    import gpuval.finetune.step as step_module
+    import gpuval.finetune.step.build as step_module
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("the model was loaded before the DeepSpeed config was checked")
@@ -269,7 +269,7 @@ def test_deepcompile_with_compiled_layers_is_refused_before_the_model_loads(
     """A DeepSpeed JSON that turns on DeepCompile compiles the whole model: gpuval's own compiling of the
     decoder layers on top of it is refused in one line, before any model is built; with `auto` the JSON's
     compile section is passed on as it is."""
-    import gpuval.finetune.step as step_module
+    import gpuval.finetune.step.build as step_module
     from gpuval.finetune.parallel.modes import deepcompile, deepspeed_config
 
     monkeypatch.setattr(step_module, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
@@ -294,7 +294,7 @@ def test_a_loss_kernel_for_a_run_without_the_fused_loss_is_refused_before_the_mo
     """On a CPU the loss is not fused by default (kernels auto resolve to torch), so
     train.step.loss_kernel=chunked would be ignored, and Liger's loss cannot run there at all: each refused in
     one line instead, before any model is built."""
-    from gpuval.finetune import step
+    from gpuval.finetune.step import build as step
 
     monkeypatch.setattr(step, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     why = {"chunked": "chooses .* here torch, ", "liger": "Liger-Kernel runs on CUDA GPUs only; "}
@@ -314,7 +314,7 @@ def test_a_nan_loss_is_an_error_naming_the_step_and_nothing_of_that_step_is_save
     runtime, train_file, tmp_path, monkeypatch
 ):
     from gpuval.errors import RunError
-    from gpuval.finetune import loss_head
+    from gpuval.finetune.step import loss_head
 
     plain_loss, calls = loss_head.LossHead.__call__, []
 
@@ -662,7 +662,7 @@ def test_a_part_registered_in_one_line_changes_the_step_and_its_summary_not_the_
     start-up line, the summary and the losses all change, and gpuval/finetune/trainer.py is not touched."""
     from toy_part import ToyScalePart
 
-    from gpuval.finetune import step
+    from gpuval.finetune.step import build as step
     from gpuval.finetune.trainer import summary_keys
 
     def run(name: str) -> dict:

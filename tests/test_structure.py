@@ -256,6 +256,7 @@ FINETUNE_BASE = ("config", "model", "template", "flops", "optim", "lock")
 FINETUNE_SUBPACKAGES = {
     "gpuval.finetune.data": FINETUNE_BASE,
     "gpuval.finetune.parallel": FINETUNE_BASE,
+    "gpuval.finetune.step": (*FINETUNE_BASE, "parallel"),
     "gpuval.finetune.eval": (*FINETUNE_BASE, "data"),
     "gpuval.finetune.export": (*FINETUNE_BASE, "checkpoint"),
 }

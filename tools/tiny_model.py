@@ -251,11 +251,11 @@ def pretrain(
     import torch.nn.functional as F
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from gpuval.finetune.attention import use_varlen_attention
     from gpuval.finetune.data.batches import data_order, flatten_for_varlen, to_device
     from gpuval.finetune.data.packing import collate, pack
     from gpuval.finetune.optim import lr_factor
     from gpuval.finetune.parallel.modes import decoder_layers
+    from gpuval.finetune.step.attention import use_varlen_attention
 
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(str(output))

@@ -114,7 +114,7 @@ def measure(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: to
 
 def compiles_without_break() -> dict[str, Any]:
     """gpuval's row kernel (attention._causal_rows) under torch._dynamo.explain."""
-    from gpuval.finetune import attention
+    from gpuval.finetune.step import attention
 
     attention._ROW_KERNEL = "cudnn"
     attention._CUDNN_GQA = attention._cudnn_gqa(torch.device("cuda"))

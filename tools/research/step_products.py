@@ -21,7 +21,7 @@ product alone, beside other ways to run the same arithmetic:
   and its input gradient for chunks of 256 to 4,096 rows, as TFLOP/s;
 - `norm_dropout`: the compiled RMSNorm with the residual add, with and without LoRA's dropout on its
   output (what the dropout costs in the kernel that makes it), and with gpuval's packed-mask dropout
-  (finetune/packed_dropout.py);
+  (finetune/step/packed_dropout.py);
 - `triton_products`: the 3,584-column products (and one of 18,944 columns) through cuBLAS and through
   inductor's best Triton template, persistent TMA ones included, timed in turn: whether a product of
   gpuval's own could escape cuBLAS's tail wave;
@@ -253,7 +253,7 @@ def norm_dropout(args: argparse.Namespace) -> dict[str, Any]:
         hidden, normed = norm(residual, delta)
         return hidden, normed, torch.nn.functional.dropout(normed, 0.05, training=True)
 
-    from gpuval.finetune.packed_dropout import PackedDropout
+    from gpuval.finetune.step.packed_dropout import PackedDropout
 
     packed = PackedDropout(0.05)
 

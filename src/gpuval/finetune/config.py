@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from gpuval.config import Number, apply_sets, read_yaml, validate_model
 
-# Products of the frozen base weights (`train.step.precision`; finetune/fp8.py): the one list of them.
+# Products of the frozen base weights (`train.step.precision`; finetune/step/fp8.py): the one list of them.
 Precision = Literal["bf16", "fp8-base"]
 
 
@@ -132,7 +132,7 @@ class LogSettings(_Strict):
 
 
 class Fp8Settings(_Strict):
-    """The FP8 frozen base's options (`train.step.precision: fp8-base`; finetune/fp8.py)."""
+    """The FP8 frozen base's options (`train.step.precision: fp8-base`; finetune/step/fp8.py)."""
 
     fast_accum: bool = Field(
         False,
@@ -149,18 +149,18 @@ class Fp8Settings(_Strict):
         description="fp8-base: frozen linears kept in bf16, as glob patterns over names such as "
         "0.self_attn.q_proj or -1.mlp.down_proj (layer index from the start or the end, then the path "
         "in the layer); unset: the first and last layer ['0.*', '-1.*'], which keep the loss within 1 % of "
-        "bf16's (benchmarks/NOTES.md); []: every product in FP8 (finetune/fp8.py)",
+        "bf16's (benchmarks/NOTES.md); []: every product in FP8 (finetune/step/fp8.py)",
     )
 
 
 class StepSettings(_Strict):
-    """How the training step runs: its parts (finetune/parts.py, docs/step-parts.md). `auto` resolves per
+    """How the training step runs: its parts (finetune/step/parts.py, docs/step-parts.md). `auto` resolves per
     machine and parallel mode; the run's first lines say what each part resolved to and why."""
 
     activation_checkpointing: bool | Literal["auto"] = Field(
         "auto",
         description="recompute activations in backward; auto: only when the step would not fit the GPU "
-        "without it (finetune/memory.py), never on a CPU",
+        "without it (finetune/step/memory.py), never on a CPU",
     )
     compile: bool | Literal["auto"] = Field(
         "auto", description="torch.compile every decoder layer; auto: on a GPU under ddp or fsdp"
@@ -168,7 +168,7 @@ class StepSettings(_Strict):
     attention: Literal["auto", "sdpa", "varlen"] = Field(
         "auto",
         description="per-document attention: varlen (no mask: flash varlen on a GPU, SDPA per document on "
-        "a CPU), sdpa (dense document mask); auto: varlen (finetune/attention.py)",
+        "a CPU), sdpa (dense document mask); auto: varlen (finetune/step/attention.py)",
     )
     row_kernel: Literal["auto", "fa4", "cudnn", "flash", "varlen"] = Field(
         "auto",
@@ -191,18 +191,18 @@ class StepSettings(_Strict):
     loss_kernel: Literal["auto", "chunked", "liger"] = Field(
         "auto",
         description="the fused loss (train.step.kernels liger or liger-loss): chunked (gpuval's own, no "
-        "host reads, 2,048-row chunks: finetune/linear_ce.py) or liger (Liger's fused linear cross-entropy); "
-        "auto: chunked",
+        "host reads, 2,048-row chunks: finetune/step/linear_ce.py) or liger (Liger's fused linear "
+        "cross-entropy); auto: chunked",
     )
     last_mlp_rows: Literal["labelled", "all"] = Field(
         "labelled",
         description="the last decoder layer's MLP on the rows the loss reads only (labelled), or on every "
-        "row (all); the loss and gradients are the same (finetune/last_mlp_rows.py)",
+        "row (all); the loss and gradients are the same (finetune/step/last_mlp_rows.py)",
     )
     fuse_qkv: bool | Literal["auto"] = Field(
         "auto",
         description="q, k and v with their LoRA adapters as one product and one dropout mask "
-        "(finetune/fused_qkv.py); auto: on a GPU under ddp",
+        "(finetune/step/fused_qkv.py); auto: on a GPU under ddp",
     )
     split_products: bool | Literal["auto"] = Field(
         "auto",
@@ -212,13 +212,13 @@ class StepSettings(_Strict):
     dropout_kernel: Literal["auto", "packed", "torch"] = Field(
         "auto",
         description="LoRA's dropout: packed (its keep-mask drawn eight elements per random draw by "
-        "gpuval's kernel, finetune/packed_dropout.py) or torch (nn.Dropout); auto: packed on a GPU with "
+        "gpuval's kernel, finetune/step/packed_dropout.py) or torch (nn.Dropout); auto: packed on a GPU with "
         "compiled layers",
     )
     precision: Precision = Field(
         "bf16",
         description="products of the frozen base weights: bf16, or fp8-base (FP8 with row-wise scales, "
-        "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/fp8.py)",
+        "Hopper GPUs under ddp; LoRA and all that trains stay bf16; finetune/step/fp8.py)",
     )
     fp8: Fp8Settings = Fp8Settings()
 
@@ -229,7 +229,7 @@ class ExperimentalSettings(_Strict):
     fuse_gate_up: bool | Literal["auto"] = Field(
         False,
         description="the MLP's frozen gate and up projections as one product over their concatenated "
-        "weights; MLPs with LoRA on them stay as they are (finetune/fused_mlp.py); auto: on a GPU under "
+        "weights; MLPs with LoRA on them stay as they are (finetune/step/fused_mlp.py); auto: on a GPU under "
         "ddp. Off by default: 0.7 % slower than two products in the bf16 step on one H100 "
         "(benchmarks/NOTES.md)",
     )

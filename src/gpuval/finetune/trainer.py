@@ -56,7 +56,7 @@ from gpuval.finetune.flops import peak_flops
 from gpuval.finetune.model import load_tokenizer
 from gpuval.finetune.parallel.modes import deepspeed_config
 from gpuval.finetune.pending import PendingStep, StepLog
-from gpuval.finetune.step import build_step, decide_parts, details_line, part_reports, step_context
+from gpuval.finetune.step.build import build_step, decide_parts, details_line, part_reports, step_context
 from gpuval.finetune.template import encode
 from gpuval.runtime import Runtime
 

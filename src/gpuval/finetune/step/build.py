@@ -17,21 +17,21 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError
-from gpuval.finetune.attention import AttentionPart
 from gpuval.finetune.config import FinetuneConfig
-from gpuval.finetune.fp8 import Fp8BasePart
-from gpuval.finetune.fused_mlp import FusedGateUpPart
-from gpuval.finetune.fused_qkv import FusedQkvPart
-from gpuval.finetune.last_mlp_rows import LastMlpRows, LastMlpRowsPart
-from gpuval.finetune.liger_ops import LigerOpsPart
-from gpuval.finetune.loss_head import FusedLossPart, LossHead
-from gpuval.finetune.memory import choose_checkpointing, estimate_step_memory
 from gpuval.finetune.model import apply_lora, load_model, ties_output_head, token_ids
-from gpuval.finetune.packed_dropout import PackedDropoutPart
 from gpuval.finetune.parallel.modes import decoder_layers, make_parallel, zero_stage
 from gpuval.finetune.parallel.sharding import plan_sharding
-from gpuval.finetune.parts import Decision, Part, StepContext
-from gpuval.finetune.split_products import SplitProductsPart
+from gpuval.finetune.step.attention import AttentionPart
+from gpuval.finetune.step.fp8 import Fp8BasePart
+from gpuval.finetune.step.fused_mlp import FusedGateUpPart
+from gpuval.finetune.step.fused_qkv import FusedQkvPart
+from gpuval.finetune.step.last_mlp_rows import LastMlpRows, LastMlpRowsPart
+from gpuval.finetune.step.liger_ops import LigerOpsPart
+from gpuval.finetune.step.loss_head import FusedLossPart, LossHead
+from gpuval.finetune.step.memory import choose_checkpointing, estimate_step_memory
+from gpuval.finetune.step.packed_dropout import PackedDropoutPart
+from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.step.split_products import SplitProductsPart
 from gpuval.runtime import Runtime
 
 # The register line: every part of the step, in the order they are applied (docs/step-parts.md).
@@ -206,7 +206,7 @@ def _checkpointing(
     cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool, sharded: bool
 ) -> tuple[bool, str]:
     """Whether to recompute activations, and why: the config's choice, or for `auto` the step's memory
-    estimate (finetune/memory.py) against this GPU's; `sharded`: each rank holds 1/world of the weights
+    estimate (finetune/step/memory.py) against this GPU's; `sharded`: each rank holds 1/world of the weights
     (the sharding plan's `weights_sharded`)."""
     t = cfg.train
     if t.step.activation_checkpointing != "auto" or not runtime.on_gpu:

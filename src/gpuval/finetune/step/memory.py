@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpuval.finetune.linear_ce import DEFAULT_CHUNK as LOSS_CHUNK
+from gpuval.finetune.step.linear_ce import DEFAULT_CHUNK as LOSS_CHUNK
 
 GIB = 2**30
 MARGIN = 0.9  # the share of the GPU's memory the estimate may take (allocator slack, CUDA context, NCCL)
