@@ -130,6 +130,11 @@ class Side:
     values: dict[tuple[str, str, str, str], float]
 
 
+def _values(read: Result | Side) -> dict[tuple[str, str, str, str], float]:
+    """The compared values of a result, or of what was read of one."""
+    return (read if isinstance(read, Side) else side_of(read)).values
+
+
 def side_of(result: Result) -> Side:
     return Side(result.verdict.value, _index(result, _Declared()))
 
@@ -154,8 +159,7 @@ def compare(before: Result | Side, after: Result | Side) -> tuple[list[Row], dic
     """Rows for every metric of the measurements both results have, and how many measurements only one
     result has (`only_before`, `only_after`)."""
     declared = _Declared()
-    a = (before if isinstance(before, Side) else side_of(before)).values
-    b = (after if isinstance(after, Side) else side_of(after)).values
+    a, b = _values(before), _values(after)
     measured_a, measured_b = {key[:3] for key in a}, {key[:3] for key in b}
     rows = []
     for key in a:  # in the earlier result's order, so a sweep stays ordered by size
@@ -174,8 +178,7 @@ def compare(before: Result | Side, after: Result | Side) -> tuple[list[Row], dic
 def lost_metrics(before: Result | Side, after: Result | Side) -> int:
     """Compared metrics of a measurement both results have that only the earlier one has a value of (a
     metric that became null, a NaN when measured, is lost, not unchanged)."""
-    a = (before if isinstance(before, Side) else side_of(before)).values
-    b = (after if isinstance(after, Side) else side_of(after)).values
+    a, b = _values(before), _values(after)
     measured_b = {key[:3] for key in b}
     return sum(key[:3] in measured_b for key in a.keys() - b.keys())
 

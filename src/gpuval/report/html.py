@@ -274,9 +274,7 @@ def _import_matplotlib() -> None:  # what _figure needs: the drawing child's hea
 
 
 def _figure(width: float, height: float) -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    _import_matplotlib()
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")
