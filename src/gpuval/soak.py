@@ -214,6 +214,15 @@ def read_summary(output: Path) -> Result | None:
     return result if "soak" in result.inventory else None
 
 
+def _stopped_or(stop: _StopRequest, runtime: Any, error: str) -> Ended:
+    """Why the soak ended when a collective broke: the stop request this rank received, if any (the
+    launcher signals every rank at once, and a peer may leave before this rank reads its own signal),
+    else `error`."""
+    if stop.signum is not None:
+        return Ended(signum=stop.signum, rank=runtime.rank)
+    return Ended(error=error)
+
+
 def run_soak(
     runtime: Any,
     plan: SoakPlan,
@@ -241,8 +250,8 @@ def run_soak(
             wanted = runtime.is_main and plan.wants(iteration, time.monotonic() - began)
             try:  # rank 0's decision and every rank's stop request, known alike on every rank
                 votes = runtime.all_gather_object((wanted, stop.signum))
-            except GpuvalError as exc:
-                ended = Ended(error=f"iteration {iteration} could not start: {exc}")
+            except GpuvalError as exc:  # a peer gone (_stopped_or says why)
+                ended = _stopped_or(stop, runtime, f"iteration {iteration} could not start: {exc}")
                 break
             asked = [(rank, signum) for rank, (_, signum) in enumerate(votes) if signum is not None]
             if asked:
@@ -258,7 +267,7 @@ def run_soak(
                 ended = Ended(signum=exc.signum, rank=runtime.rank)
                 break
             except GpuvalError as exc:  # a rank died or timed out: the group cannot run another iteration
-                ended = Ended(error=f"iteration {iteration} could not complete: {exc}")
+                ended = _stopped_or(stop, runtime, f"iteration {iteration} could not complete: {exc}")
                 break
             if result is not None:  # rank 0
                 _append(log, result)
