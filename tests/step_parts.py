@@ -1,12 +1,12 @@
-"""The tests' way to ask a step part for its decision (finetune/step/parts.py) without a model or a config
+"""The tests' way to ask a step part for its decision (finetune/parts.py) without a model or a config
 file: a StepContext from keyword settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.config import ExperimentalSettings, LoraSettings, ShardingSettings, StepSettings
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 
 def context(
@@ -19,9 +19,12 @@ def context(
     experimental: dict[str, Any] | None = None,
     decisions: dict[str, Decision] | None = None,
     tied_head: bool = False,
+    sharding: dict[str, Any] | None = None,
+    zero_stage: int | None = None,
     **step: Any,
 ) -> StepContext:
-    """`step`: train.step settings by name (fp8={...} for its section); `gpu`: (name, capability)."""
+    """`step`: train.step settings by name (fp8={...} for its section); `gpu`: (name, capability);
+    `sharding`: train.sharding settings by name; `zero_stage`: the DeepSpeed JSON's ZeRO stage."""
     return StepContext(
         step=StepSettings(**step),
         experimental=ExperimentalSettings(**(experimental or {})),
@@ -34,6 +37,8 @@ def context(
         capability=gpu[1] if gpu else None,
         decisions=dict(decisions or {}),
         tied_head=tied_head,
+        sharding=ShardingSettings(**(sharding or {})),
+        zero_stage=zero_stage,
     )
 
 

@@ -437,9 +437,9 @@ def test_the_fused_loss_runs_under_every_parallel_mode_unless_the_head_is_tied_t
 ):
     from step_parts import context
 
+    from gpuval.finetune.parts import Decision
     from gpuval.finetune.step.build import decide_parts
     from gpuval.finetune.step.loss_head import FusedLossPart
-    from gpuval.finetune.step.parts import Decision
 
     liger_loss = {"liger_ops": Decision(False, "liger-loss", "set")}
     for parallel in ("ddp", "fsdp", "deepspeed"):  # an untied head leaves the model: whole on every rank

@@ -1,25 +1,24 @@
 """train.sharding (finetune/parallel/sharding.py): when FSDP2's decoder layers keep their gathered weights,
 and which frozen submodules ZeRO-3 fetches whole."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from conftest import FLOAT64_REORDERED, assert_close_to_scale
+from step_parts import context
 
-from gpuval.finetune.config import ShardingSettings
 from gpuval.finetune.model import apply_lora, load_model
+from gpuval.finetune.parallel import sharding
 from gpuval.finetune.parallel.modes import decoder_layers
 from gpuval.finetune.parallel.sharding import (
-    ShardingPlan,
     compile_whole_submodules,
     frozen_subtrees,
     fsdp_note,
     fsdp_reshard,
-    plan_sharding,
     reshard_for_memory,
     run_lora_whole,
 )
+from gpuval.finetune.parts import StepContext, WeightPlan
+from gpuval.finetune.step.build import PARTS
 
 GIB = 2**30
 
@@ -38,10 +37,9 @@ def test_auto_keeps_the_gathered_weights_when_the_model_takes_a_quarter_of_the_g
 
 def test_a_set_value_wins_and_a_cpu_reshards_under_auto():
     model = torch.nn.Linear(4, 4)
-    cpu = SimpleNamespace(on_gpu=False)
-    assert fsdp_reshard(False, model, cpu) == (False, "set")
-    assert fsdp_reshard(True, model, cpu) == (True, "set")
-    assert fsdp_reshard("auto", model, cpu) == (True, "auto: CPU")
+    assert fsdp_reshard(False, model, False, None) == (False, "set")
+    assert fsdp_reshard(True, model, False, None) == (True, "set")
+    assert fsdp_reshard("auto", model, False, None) == (True, "auto: CPU")
     assert "keep their gathered weights" in fsdp_note(False, "set")
     assert "reshard after forward, all but the last" in fsdp_note(True, "auto: CPU")
 
@@ -49,6 +47,23 @@ def test_a_set_value_wins_and_a_cpu_reshards_under_auto():
 def _lora_tiny(targets: list[str]) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
     model = apply_lora(load_model("tiny", torch.float32), 4, 8.0, 0.0, targets, [])
     return model, decoder_layers(model)
+
+
+# The sharding switches, as step.PARTS lists them: two at the `lora` stage, five after the wrapper
+SWITCHES = tuple(part for part in PARTS if type(part).__module__ == sharding.__name__)
+
+
+def _decide(parallel, stage, model, layers, **settings) -> StepContext:
+    """Every switch decided for `parallel` (`stage`: the DeepSpeed JSON's ZeRO stage) and `train.sharding`
+    settings; the `lora` ones applied to the LoRA `model`, as step.build_step does before the wrapper."""
+    ctx = context(parallel=parallel, zero_stage=stage, sharding=settings)
+    ctx.layers = layers
+    assert len(SWITCHES) == 7
+    for part in SWITCHES:
+        ctx.decisions[part.name] = decision = part.decide(ctx)
+        if decision.on and part.stage == "lora":
+            assert part.apply(model, ctx, decision) == {}
+    return ctx
 
 
 def _plan(
@@ -61,8 +76,12 @@ def _plan(
     lean="auto",
     compiled="auto",
     epilogue="auto",
-):
-    settings = ShardingSettings(
+) -> StepContext:
+    return _decide(
+        "deepspeed",
+        stage,
+        model,
+        layers,
         zero3_frozen_leaves=setting,
         zero3_whole_lora=whole_lora,
         zero3_unhook_whole=unhook,
@@ -70,45 +89,54 @@ def _plan(
         zero3_compile_whole=compiled,
         zero3_fused_epilogue=epilogue,
     )
-    return plan_sharding(settings, "deepspeed", stage, model, layers, SimpleNamespace(on_gpu=False))
+
+
+def _on(ctx: StepContext, name: str) -> bool:
+    return ctx.decisions[name].on
 
 
 def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_adapter():
     model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj"])
-    assert _plan("auto", model, layers).zero3_leaves == ()  # auto: off, as DeepSpeed's default
+    assert _plan("auto", model, layers).weights.zero3_leaves == ()  # auto: off, as DeepSpeed's default
     # LoRA layers kept whole run as one module unless set false; never outside ZeRO-3
-    assert (
-        _plan("auto", model, layers).zero3_whole_lora
-        and _plan(True, model, layers, whole_lora=True).zero3_whole_lora
+    assert _on(_plan("auto", model, layers), "zero3_whole_lora") and _on(
+        _plan(True, model, layers, whole_lora=True), "zero3_whole_lora"
     )
-    assert not _plan("auto", model, layers, whole_lora=False).zero3_whole_lora
-    assert not _plan("auto", model, layers, stage=2).zero3_whole_lora
+    assert not _on(_plan("auto", model, layers, whole_lora=False), "zero3_whole_lora")
+    assert not _on(_plan("auto", model, layers, stage=2), "zero3_whole_lora")
     # and hooks only where there is something to fetch, likewise
-    assert _plan("auto", model, layers).zero3_unhook_whole and _plan(True, model, layers).zero3_unhook_whole
-    assert not _plan("auto", model, layers, unhook=False).zero3_unhook_whole
-    assert not _plan("auto", model, layers, stage=2).zero3_unhook_whole
+    assert _on(_plan("auto", model, layers), "zero3_unhook_whole") and _on(
+        _plan(True, model, layers), "zero3_unhook_whole"
+    )
+    assert not _on(_plan("auto", model, layers, unhook=False), "zero3_unhook_whole")
+    assert not _on(_plan("auto", model, layers, stage=2), "zero3_unhook_whole")
     # and the optimizer step gathering again only the trainable weights kept whole, likewise
-    assert _plan("auto", model, layers).zero3_lean_step
-    assert _plan(True, model, layers, lean=True).zero3_lean_step
-    assert not _plan("auto", model, layers, lean=False).zero3_lean_step
-    assert not _plan("auto", model, layers, stage=2).zero3_lean_step
+    assert _on(_plan("auto", model, layers), "zero3_lean_step")
+    assert _on(_plan(True, model, layers, lean=True), "zero3_lean_step")
+    assert not _on(_plan("auto", model, layers, lean=False), "zero3_lean_step")
+    assert not _on(_plan("auto", model, layers, stage=2), "zero3_lean_step")
     # the gradient bucket reduced by a fixed number of operations only when set (auto: off, measured)
-    assert not _plan("auto", model, layers).zero3_fused_epilogue
-    assert _plan("auto", model, layers, epilogue=True).zero3_fused_epilogue
-    assert not _plan("auto", model, layers, stage=2, epilogue=True).zero3_fused_epilogue
+    assert not _on(_plan("auto", model, layers), "zero3_fused_epilogue")
+    assert _on(_plan("auto", model, layers, epilogue=True), "zero3_fused_epilogue")
+    assert not _on(_plan("auto", model, layers, stage=2, epilogue=True), "zero3_fused_epilogue")
     # compiling the submodules whose weights are all whole only when set (auto: off until measured)
-    assert not _plan("auto", model, layers).zero3_compile_whole
-    assert _plan("auto", model, layers, compiled=True).zero3_compile_whole
-    assert not _plan("auto", model, layers, stage=2, compiled=True).zero3_compile_whole
+    assert not _on(_plan("auto", model, layers), "zero3_compile_whole")
+    assert _on(_plan("auto", model, layers, compiled=True), "zero3_compile_whole")
+    assert not _on(_plan("auto", model, layers, stage=2, compiled=True), "zero3_compile_whole")
     plan = _plan(True, model, layers)
     # the MLP of every layer, and nothing of the attention, whose projections hold LoRA weights
-    assert [type(m).__name__ for m in plan.zero3_leaves] == ["Qwen2MLP"] * len(layers)
-    assert all(m is layer.mlp for m, layer in zip(plan.zero3_leaves, layers, strict=True))
-    assert plan.weights_sharded and f"zero3: {len(layers)} frozen submodules (Qwen2MLP)" in plan.note
+    assert [type(m).__name__ for m in plan.weights.zero3_leaves] == ["Qwen2MLP"] * len(layers)
+    assert all(m is layer.mlp for m, layer in zip(plan.weights.zero3_leaves, layers, strict=True))
+    assert (
+        plan.weights.sharded and f"zero3: {len(layers)} frozen submodules (Qwen2MLP)" in plan.weight_notes[0]
+    )
     # LoRA on the MLP's projections too: no submodule with children is frozen, so none is fetched whole
     model, layers = _lora_tiny(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     plan = _plan(True, model, layers)
-    assert plan.zero3_leaves == () and "none has a frozen submodule with children" in plan.note
+    assert (
+        plan.weights.zero3_leaves == ()
+        and "none has a frozen submodule with children" in plan.weight_notes[0]
+    )
     for leaf in frozen_subtrees(layers):
         assert not any(p.requires_grad for p in leaf.parameters())
 
@@ -116,15 +144,21 @@ def test_zero3_fetches_each_layers_frozen_mlp_whole_and_never_a_module_with_an_a
 def test_zero3_leaves_off_when_set_false_or_not_stage_3_and_fsdp_decides_its_reshard():
     model, layers = _lora_tiny(["q_proj", "v_proj"])
     off = _plan(False, model, layers)
-    assert off.zero3_leaves == () and off.note == " | zero3: every submodule fetched on its own (set)"
+    assert off.weights.zero3_leaves == () and off.weight_notes == [
+        "zero3: every submodule fetched on its own (set)"
+    ]
     stage2 = _plan(True, model, layers, stage=2)  # ZeRO-2 shards no weights: nothing to fetch
-    assert stage2.zero3_leaves == () and not stage2.weights_sharded and stage2.note == ""
-    cpu = SimpleNamespace(on_gpu=False)
-    fsdp = plan_sharding(ShardingSettings(), "fsdp", None, model, layers, cpu)
-    assert fsdp.fsdp_reshard and fsdp.weights_sharded and fsdp.zero3_leaves == ()
-    kept = plan_sharding(ShardingSettings(fsdp_reshard_after_forward=False), "fsdp", None, model, layers, cpu)
-    assert not kept.fsdp_reshard and not kept.weights_sharded and "keep their gathered" in kept.note
-    assert plan_sharding(ShardingSettings(), "ddp", None, model, layers, cpu) == ShardingPlan.replicated()
+    assert stage2.weights == WeightPlan() and stage2.weight_notes == []
+    fsdp = _decide("fsdp", None, model, layers)  # on a CPU
+    assert fsdp.weights == WeightPlan(fsdp_reshard=True, sharded=True)
+    assert fsdp.decisions["fsdp_reshard"].line("fsdp_reshard") == "fsdp_reshard on (auto: CPU)"
+    kept = _decide("fsdp", None, model, layers, fsdp_reshard_after_forward=False)
+    assert kept.weights == WeightPlan() and "keep their gathered" in kept.weight_notes[0]
+    ddp = _decide("ddp", None, model, layers)
+    assert ddp.weights == WeightPlan() and ddp.weight_notes == []
+    # a switch with nothing to do under the run's mode is left out of the start-up line
+    assert not any(decision.on or decision.said for decision in ddp.decisions.values())
+    assert [name for name, d in fsdp.decisions.items() if d.said] == ["fsdp_reshard"]
 
 
 def _step(model, ids, seed):

@@ -252,7 +252,7 @@ def test_the_ui_layer_check_tells_a_package_from_a_name_that_starts_alike():
 # gpuval.finetune's subpackages (issue 52) and the gpuval.finetune modules each may import: imports go one
 # way, from the loop at the top down to the base (config, model, template). A subpackage's own modules and
 # anything outside gpuval.finetune are always allowed.
-FINETUNE_BASE = ("config", "model", "template", "flops", "optim", "lock")
+FINETUNE_BASE = ("config", "model", "template", "flops", "optim", "lock", "parts")
 FINETUNE_SUBPACKAGES = {
     "gpuval.finetune.data": FINETUNE_BASE,
     "gpuval.finetune.parallel": FINETUNE_BASE,

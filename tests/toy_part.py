@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 
 class ToyScalePart(Part):

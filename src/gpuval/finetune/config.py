@@ -154,7 +154,7 @@ class Fp8Settings(_Strict):
 
 
 class StepSettings(_Strict):
-    """How the training step runs: its parts (finetune/step/parts.py, docs/step-parts.md). `auto` resolves per
+    """How the training step runs: its parts (finetune/parts.py, docs/step-parts.md). `auto` resolves per
     machine and parallel mode; the run's first lines say what each part resolved to and why."""
 
     activation_checkpointing: bool | Literal["auto"] = Field(

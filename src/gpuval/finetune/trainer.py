@@ -17,9 +17,10 @@ DDP and FSDP average gradients over ranks. So 2 ranks × k accumulation steps gi
 
 The step's batches (batches.py) are prepared and copied to the device while the GPU still runs the step
 before, and each micro-batch's loss is divided by the step's label-token count as a device tensor: no
-micro-batch waits for the host. The model the loop runs is built by step.py: the step's parts (fused q/k/v,
-FP8 frozen base, split products, …; `train.step`), each with one contract (parts.py, docs/step-parts.md),
-decided and applied in one declared order; the run's first line says what each part resolved to and why.
+micro-batch waits for the host. The model the loop runs is built by step/build.py: the step's parts (fused
+q/k/v, FP8 frozen base, split products, the sharding switches, checkpointing, compile, …; `train.step`,
+`train.sharding`), each with one contract (parts.py, docs/step-parts.md), decided and applied in one
+declared order; the run's first line says what each part resolved to and why.
 
 Per step it logs loss, lr, grad norm, tokens/s per GPU and MFU (flops.py; GPU only) to the console and,
 on rank 0, to TensorBoard under OUTPUT/tensorboard.
@@ -66,8 +67,9 @@ PROFILE = "profile"  # train.log.profile_steps: trace.json and operators.txt
 FORWARD, BACKWARD, OPTIMIZER_STEP = "gpuval: forward", "gpuval: backward", "gpuval: optimizer step"
 PROFILE_AFTER = 2  # steps before profiling starts: allocator, kernel autotuning, compilation
 SUMMARY_JSON = "train_summary.json"  # the summary train() returns: per-step log, throughput, memory
-# how the step ran besides its parts' reports ("sharding": how fsdp moved the gathered weights, else None)
-STEP_KEYS = ("activation_checkpointing", "compile", "sharding")
+# how the step ran besides its parts' reports ("sharding": how the parallel mode moved the weights, the
+# phrases of ctx.weight_notes, else None)
+STEP_KEYS = ("sharding",)
 # The summary's keys besides what the step's parts report (summary_keys()).
 BASE_SUMMARY_KEYS = (
     "schema",
@@ -134,7 +136,7 @@ def train(
     global_batch = t.global_batch(world)  # packed sequences per optimizer step
     tokens_per_step = global_batch * cfg.data.max_seq_len  # token slots (upper bound; packing fills most)
 
-    # -- the step: its parts decided (before minutes of loading), then the model built (step.py) ---------
+    # -- the step: its parts decided (before minutes of loading), then the model built (step/build.py) -
     torch.manual_seed(t.seed)  # the same LoRA init on every rank
     random.seed(t.seed)
     if t.parallel == "deepspeed":  # a missing or broken JSON is found before minutes of model loading
@@ -163,7 +165,7 @@ def train(
         f"{packed.cut} cut | global batch {global_batch} packs = {tokens_per_step:,} token slots per step | "
         f"trainable params {built.trainable_count:,} | precision {reports['precision']}"
         + details_line(ctx)
-        + "".join(f" | {note}" for note in parallel.notes)
+        + "".join(f" | {note}" for note in ctx.weight_notes)
         + (f" | resumed at step {step} from {resumed_from}" if resumed_from else "")
     )
 
@@ -286,8 +288,8 @@ def train(
         log(f"adapter saved to {adapter_dir} (PEFT format, with the tokenizer and its tool chat template)")
     # Free the wrapped model (DDP's reducer, FSDP's hooks) while the process group still exists: left to
     # the garbage collector, it can be torn down after the caller destroys the group.
-    checkpointing, trainable_count = built.checkpointing, built.trainable_count
-    sharding = " | ".join(parallel.notes) or None
+    trainable_count = built.trainable_count
+    sharding = " | ".join(ctx.weight_notes) or None
     del parallel, built, loss_head, last_mlp, ctx
     gc.collect()
     summary = {
@@ -301,9 +303,8 @@ def train(
         "adapter": str(adapter_dir) if adapter_dir else None,
         "world_size": world,
         "parallel": t.parallel,
-        "activation_checkpointing": checkpointing,
         "sharding": sharding,
-        **reports,  # each part's, and compile
+        **reports,  # each part's: activation checkpointing, compile, the kernels
         "global_batch_packs": global_batch,
         "tokens_per_step": tokens_per_step,
         "packs": len(packs),

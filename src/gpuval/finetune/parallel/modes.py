@@ -21,6 +21,7 @@ partitions). Both also write the adapter in PEFT format.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,7 @@ import torch
 
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.optim import make_optimizer_and_schedule
-from gpuval.finetune.parallel.sharding import (
-    ShardingPlan,
-    compile_whole_submodules,
-    run_lora_whole,
-    unhook_whole_modules,
-)
-from gpuval.finetune.parallel.zero3_step import fused_gradient_epilogue, lean_step
+from gpuval.finetune.parts import StepContext
 from gpuval.inputs import load_json
 
 TRAINER_STATE = "trainer_state.pt"  # ddp/fsdp checkpoints: adapter, optimizer, schedule (full, rank 0);
@@ -56,19 +51,25 @@ DEEPSPEED_OWNED = (
 )
 
 
+# What the step's builder gives a wrapper to call once it is made, with what it made (DeepSpeed's engine):
+# the `wrapped` stage of the step's parts (step/build.py)
+Wrapped = Callable[[Any], None]
+
+
 class Parallel:
-    """Plain (one process) or DDP; FSDP and DeepSpeed override what differs."""
+    """Plain (one process) or DDP; FSDP and DeepSpeed override what differs. `ctx`: the step's parts'
+    decisions (how the weights are held: `ctx.weights`; the wrapper's own notes go to `ctx.weight_notes`)."""
 
     def __init__(
-        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, ctx: StepContext, wrapped: Wrapped
     ) -> None:
         self.peft_model = peft_model
         self.module: torch.nn.Module = peft_model
         self.runtime = runtime
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
-        self.sharding = sharding
-        self.notes = list(sharding.notes)  # what this mode does with the weights, a phrase each
+        self.ctx = ctx
         self.wrap(cfg, dtype)
+        wrapped(self.module)
         self.optimizer, self.scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
 
     def wrap(self, cfg: Any, dtype: torch.dtype) -> None:
@@ -185,7 +186,7 @@ class Fsdp(Parallel):
             if runtime.on_gpu and dtype == torch.bfloat16
             else MixedPrecisionPolicy()
         )
-        reshard = self.sharding.fsdp_reshard
+        reshard = self.ctx.weights.fsdp_reshard
         layers = decoder_layers(self.peft_model)
         for index, layer in enumerate(layers):
             # the last layer's backward follows its forward at once: never resharded in between
@@ -203,7 +204,7 @@ class Fsdp(Parallel):
 
 class DeepSpeed(Parallel):
     def __init__(
-        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+        self, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, ctx: StepContext, wrapped: Wrapped
     ) -> None:
         try:
             import deepspeed
@@ -215,11 +216,11 @@ class DeepSpeed(Parallel):
             ) from None
         self.peft_model = peft_model
         self.runtime = runtime
-        self.notes = list(sharding.notes)
+        self.ctx = ctx
         self.trainable = [p for p in peft_model.parameters() if p.requires_grad]
         optimizer, scheduler = make_optimizer_and_schedule(self.trainable, cfg.train)
         ds_config = deepspeed_config(cfg, runtime.world_size, dtype, runtime.on_gpu)
-        for module in sharding.zero3_leaves:  # before initialize, which registers the fetch hooks
+        for module in ctx.weights.zero3_leaves:  # before initialize, which registers the fetch hooks
             set_z3_leaf_module(module, True)
         if not runtime.on_gpu:
             # On a CPU DeepSpeed's communication backend compiles its shared-memory all-reduce (C++, built
@@ -240,34 +241,12 @@ class DeepSpeed(Parallel):
             config=ds_config,
             dist_init_required=False,
         )
-        if sharding.zero3_whole_lora:  # after initialize, which marks the weights it keeps whole
-            whole = run_lora_whole(peft_model)
-            self.notes.append(f"zero3: {whole} LoRA layers kept whole run as one module each")
-        if sharding.zero3_unhook_whole:  # before the first forward, which records the fetch trace
-            kept, had = unhook_whole_modules(engine)
-            said = f"zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
-            self.notes.append(said)
-        if sharding.zero3_lean_step:  # after unhooking: the step's gathers, the fetch hooks left alone
-            counts = lean_step(engine)
-            self.notes.append(
-                "zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
-                if counts is None
-                else f"zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
-                f"the {counts[1]} trainable ones brought up to date by one all-gather"
-            )
-        if sharding.zero3_fused_epilogue:
-            self.notes.append(
-                "zero3: the gradient bucket reduced by a fixed number of operations"
-                if fused_gradient_epilogue(engine)
-                else "zero3: fused epilogue off, this DeepSpeed's ZeRO-3 optimizer lacks a part of it"
-            )
-        if sharding.zero3_compile_whole:  # after the whole LoRA forwards, before the first forward
-            names = compile_whole_submodules(decoder_layers(peft_model))
-            what = ", ".join(names) or "nothing (no submodule has all its weights whole)"
-            self.notes.append(f"zero3: compiled in each decoder layer: {what}")
+        # The step's `wrapped` parts (the ZeRO-3 switches of train.sharding): after initialize, which marks
+        # the weights it keeps whole, before the first forward, which records the fetch trace
+        wrapped(engine)
         if deepcompile(ds_config):  # the whole model compiled, ZeRO's gathers and releases in its graph
             engine.compile()
-            self.notes.append("deepspeed: DeepCompile (the JSON's compile.deepcompile)")
+            ctx.weight_notes.append("deepspeed: DeepCompile (the JSON's compile.deepcompile)")
         self.engine = engine
         self.module = engine
         self.optimizer, self.scheduler = optimizer, scheduler
@@ -369,10 +348,11 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def make_parallel(
-    kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, sharding: ShardingPlan
+    kind: str, peft_model: Any, cfg: Any, runtime: Any, dtype: torch.dtype, ctx: StepContext, wrapped: Wrapped
 ) -> Parallel:
+    """`kind`'s wrapper around the LoRA model; it calls `wrapped` with what it made, before any forward."""
     classes = {"ddp": Parallel, "fsdp": Fsdp, "deepspeed": DeepSpeed}
-    return classes[kind](peft_model, cfg, runtime, dtype, sharding)
+    return classes[kind](peft_model, cfg, runtime, dtype, ctx, wrapped)
 
 
 def zero_stage(cfg: Any) -> int | None:

@@ -1,5 +1,7 @@
-"""How FSDP2 and ZeRO-3 move the frozen base's weights (`train.sharding`), decided once per run
-(`plan_sharding`, called by step.build_step before the memory estimate and the parallel wrapper).
+"""How FSDP2 and ZeRO-3 move the frozen base's weights (`train.sharding`): one step part per switch
+(finetune/parts.py's contract, listed in step.PARTS): `fsdp_reshard` and `zero3_frozen_leaves` at the
+`lora` stage (after LoRA, before the memory estimate: they leave `ctx.weights`, which the parallel wrapper
+reads), the other five ZeRO-3 switches at the `wrapped` stage (after `deepspeed.initialize`).
 
 With LoRA the base is frozen: under `fsdp` its sharded weights are gathered for every micro-batch, and that
 gathering is nearly all of the added traffic (the adapter's gradients are ~0.5 % of the model's size).
@@ -91,13 +93,14 @@ Sources: FSDP2's `fully_shard` documentation
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from gpuval.finetune.parallel.zero3_step import gather_released
+from gpuval.finetune.parallel.zero3_step import fused_gradient_epilogue, gather_released, lean_step
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 # torch.nn.functional.linear as torch defines it: ZeRO-3 replaces the module attribute with its own autograd
 # function (DeepSpeed's memory_efficient_linear), which keeps a gathered weight out of the saved tensors and
@@ -106,14 +109,14 @@ ATEN_LINEAR = torch._C._nn.linear
 KEEP_GATHERED_FRACTION = 0.25  # of the GPU's memory: the whole model's weights at most this keep gathered
 
 
-def fsdp_reshard(setting: bool | str, model: torch.nn.Module, runtime: Any) -> tuple[bool, str]:
+def fsdp_reshard(setting: bool | str, model: Any, on_gpu: bool, device: Any) -> tuple[bool, str]:
     """Whether FSDP2 reshards the decoder layers after their forward (all but the last), and why."""
     if setting != "auto":
         return bool(setting), "set"
-    if not runtime.on_gpu:
+    if not on_gpu:
         return True, "auto: CPU"
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    return reshard_for_memory(weights, torch.cuda.get_device_properties(runtime.device).total_memory)
+    return reshard_for_memory(weights, torch.cuda.get_device_properties(device).total_memory)
 
 
 def reshard_for_memory(weights: int, total: int) -> tuple[bool, str]:
@@ -131,71 +134,157 @@ def fsdp_note(reshard: bool, why: str) -> str:
     return f"fsdp: decoder layers keep their gathered weights until their backward ({why})"
 
 
-@dataclass(frozen=True)
-class ShardingPlan:
-    """How this run's parallel mode moves the frozen base's weights, decided once (plan_sharding)."""
+class FsdpReshardPart(Part):
+    """`train.sharding.fsdp_reshard_after_forward` under fsdp (module docstring): resolved after LoRA (`auto`
+    on a GPU reads the loaded weights' size), left in `ctx.weights` for the memory estimate and the FSDP2
+    wrapper, which passes it to `fully_shard`."""
 
-    fsdp_reshard: bool  # fsdp: the decoder layers (all but the last) reshard after their forward
-    zero3_leaves: tuple[torch.nn.Module, ...]  # deepspeed stage 3: frozen submodules fetched whole
-    weights_sharded: bool  # each rank holds 1/world of the base's weights while it waits (memory.py)
-    notes: tuple[str, ...]  # what the start-up line and the summary say of it, a phrase each
-    zero3_whole_lora: bool = False  # deepspeed stage 3: LoRA layers kept whole run as one module
-    zero3_unhook_whole: bool = False  # deepspeed stage 3: no fetch hooks on modules with nothing to fetch
-    zero3_lean_step: bool = False  # deepspeed stage 3: weights kept whole stay gathered through the step
-    zero3_compile_whole: bool = False  # deepspeed stage 3: submodules with whole weights only compiled
-    zero3_fused_epilogue: bool = False  # deepspeed stage 3: the gradient bucket reduced by fixed operations
+    name = "fsdp_reshard"
+    stage = "lora"
+    reports: ClassVar[dict[str, Any]] = {}
 
-    @property
-    def note(self) -> str:
-        """The notes as the start-up line says them (" | " before each; "" when there are none)."""
-        return "".join(f" | {note}" for note in self.notes)
+    def decide(self, ctx: StepContext) -> Decision:
+        if ctx.parallel != "fsdp":
+            return Decision(False, False, "not fsdp", said=False)
+        setting = ctx.sharding.fsdp_reshard_after_forward
+        if setting == "auto" and ctx.on_gpu:  # from the loaded weights' size: settled in apply
+            return Decision(True, "auto", "auto: from the weights' size once the model is loaded")
+        reshard, why = fsdp_reshard(setting, None, ctx.on_gpu, ctx.device)
+        return Decision(True, reshard, why)
 
-    @classmethod
-    def replicated(cls) -> ShardingPlan:
-        return cls(fsdp_reshard=False, zero3_leaves=(), weights_sharded=False, notes=())
-
-
-def plan_sharding(
-    settings: Any,
-    parallel: str,
-    zero_stage: int | None,
-    model: torch.nn.Module,
-    layers: list[Any],
-    runtime: Any,
-) -> ShardingPlan:
-    """`train.sharding` resolved for `parallel` (`zero_stage`: the DeepSpeed JSON's, else None) and the
-    LoRA `model` with its decoder `layers`."""
-    if parallel == "fsdp":
-        reshard, why = fsdp_reshard(settings.fsdp_reshard_after_forward, model, runtime)
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        reshard, why = decision.choice, decision.why
+        if reshard == "auto":
+            reshard, why = fsdp_reshard("auto", model, ctx.on_gpu, ctx.device)
+            ctx.settle(self.name, Decision(True, reshard, why))
         # layers that keep their gathered weights hold all of them at the turn from forward to backward
-        return ShardingPlan(reshard, (), weights_sharded=reshard, notes=(fsdp_note(reshard, why),))
-    if parallel != "deepspeed" or zero_stage != 3:  # ddp, or ZeRO-1/2: every rank holds every weight
-        return ShardingPlan.replicated()
-    setting = settings.zero3_frozen_leaves
-    leaves = tuple(frozen_subtrees(layers)) if setting is True else ()  # auto: off (module docstring)
-    why = "auto" if setting == "auto" else "set"
-    if not leaves:
-        none = ", none has a frozen submodule with children" if setting is True else ""
-        note = f"zero3: every submodule fetched on its own ({why}{none})"
-    else:
-        kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
-        note = f"zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({why})"
-    whole = settings.zero3_whole_lora is not False  # auto: on (module docstring)
-    unhook = settings.zero3_unhook_whole is not False  # auto: on (module docstring)
-    lean = settings.zero3_lean_step is not False  # auto: on (zero3_step.py says why)
-    compiled = settings.zero3_compile_whole is True  # auto: off (module docstring)
-    epilogue = settings.zero3_fused_epilogue is True  # auto: off (zero3_step.py says why)
-    return ShardingPlan(
-        False,
-        leaves,
-        True,
-        (note,),
-        zero3_whole_lora=whole,
-        zero3_unhook_whole=unhook,
-        zero3_lean_step=lean,
-        zero3_compile_whole=compiled,
-        zero3_fused_epilogue=epilogue,
-    )
+        ctx.weights = replace(ctx.weights, fsdp_reshard=reshard, sharded=reshard)
+        ctx.weight_notes.append(fsdp_note(reshard, why))
+        return {}
+
+
+class Zero3LeavesPart(Part):
+    """`train.sharding.zero3_frozen_leaves` under ZeRO-3 (module docstring): which frozen submodules are
+    fetched whole, found after LoRA (a submodule holding an adapter weight never is) and left in
+    `ctx.weights` for the DeepSpeed wrapper, which marks them before `deepspeed.initialize`. On under every
+    ZeRO-3 run, leaves or none: it says which, and that each rank holds 1/world of the weights."""
+
+    name = "zero3_frozen_leaves"
+    stage = "lora"
+    reports: ClassVar[dict[str, Any]] = {}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        if not ctx.zero3:  # ddp, or ZeRO-1/2: every rank holds every weight
+            return Decision(False, False, "not ZeRO-3", said=False)
+        setting = ctx.sharding.zero3_frozen_leaves  # auto: off (module docstring)
+        return Decision(True, setting is True, "auto" if setting == "auto" else "set")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        leaves = tuple(frozen_subtrees(ctx.layers)) if decision.choice else ()
+        if not leaves:
+            none = ", none has a frozen submodule with children" if decision.choice else ""
+            note = f"zero3: every submodule fetched on its own ({decision.why}{none})"
+        else:
+            kinds = ", ".join(sorted({type(m).__name__ for m in leaves}))
+            note = f"zero3: {len(leaves)} frozen submodules ({kinds}) fetched whole ({decision.why})"
+        ctx.weights = replace(ctx.weights, zero3_leaves=leaves, sharded=True)
+        ctx.weight_notes.append(note)
+        return {}
+
+
+class Zero3Switch(Part):
+    """A ZeRO-3 switch of `train.sharding` applied once `deepspeed.initialize` has made the engine (stage
+    `wrapped`; `model` is the engine): named as its setting, off (and unsaid) outside ZeRO-3, `auto` as
+    `default`. Its `apply` says what it did in `ctx.weight_notes`."""
+
+    stage = "wrapped"
+    reports: ClassVar[dict[str, Any]] = {}
+    default: ClassVar[bool]
+
+    def decide(self, ctx: StepContext) -> Decision:
+        if not ctx.zero3:
+            return Decision(False, False, "not ZeRO-3", said=False)
+        setting = getattr(ctx.sharding, self.name)
+        if setting == "auto":
+            return Decision(self.default, self.default, "auto")
+        return Decision(bool(setting), bool(setting), "set")
+
+
+class Zero3WholeLoraPart(Zero3Switch):
+    """`train.sharding.zero3_whole_lora` (module docstring; `auto`: on): after `deepspeed.initialize`,
+    which marks the weights it keeps whole, each LoRA layer whose weights are all whole runs as one
+    module."""
+
+    name = "zero3_whole_lora"
+    default = True
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        whole = run_lora_whole(model.module)
+        ctx.weight_notes.append(f"zero3: {whole} LoRA layers kept whole run as one module each")
+        return {}
+
+
+class Zero3UnhookPart(Zero3Switch):
+    """`train.sharding.zero3_unhook_whole` (module docstring; `auto`: on): before the first forward, which
+    records the fetch trace, DeepSpeed's hooks come off the modules with nothing to fetch."""
+
+    name = "zero3_unhook_whole"
+    default = True
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        kept, had = unhook_whole_modules(model)
+        ctx.weight_notes.append(
+            f"zero3: hooks on {kept} of {had} modules, the others own no partitioned weight"
+        )
+        return {}
+
+
+class Zero3LeanStepPart(Zero3Switch):
+    """`train.sharding.zero3_lean_step` (parallel/zero3_step.py; `auto`: on): after unhooking, the step's
+    gathers (the fetch hooks left alone)."""
+
+    name = "zero3_lean_step"
+    default = True
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        counts = lean_step(model)
+        ctx.weight_notes.append(
+            "zero3: lean step off, this DeepSpeed's ZeRO-3 optimizer lacks a part it changes"
+            if counts is None
+            else f"zero3: the step keeps the {counts[0] + counts[1]} weights kept whole gathered, "
+            f"the {counts[1]} trainable ones brought up to date by one all-gather"
+        )
+        return {}
+
+
+class Zero3FusedEpiloguePart(Zero3Switch):
+    """`train.sharding.zero3_fused_epilogue` (parallel/zero3_step.py; `auto`: off): the gradient bucket
+    reduced by a fixed number of operations."""
+
+    name = "zero3_fused_epilogue"
+    default = False
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        ctx.weight_notes.append(
+            "zero3: the gradient bucket reduced by a fixed number of operations"
+            if fused_gradient_epilogue(model)
+            else "zero3: fused epilogue off, this DeepSpeed's ZeRO-3 optimizer lacks a part of it"
+        )
+        return {}
+
+
+class Zero3CompileWholePart(Zero3Switch):
+    """`train.sharding.zero3_compile_whole` (module docstring; `auto`: off): after the whole LoRA forwards,
+    before the first forward, the submodules whose weights are all whole are compiled."""
+
+    name = "zero3_compile_whole"
+    default = False
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        names = compile_whole_submodules(ctx.layers)
+        what = ", ".join(names) or "nothing (no submodule has all its weights whole)"
+        ctx.weight_notes.append(f"zero3: compiled in each decoder layer: {what}")
+        return {}
 
 
 def frozen_subtrees(layers: list[torch.nn.Module]) -> list[torch.nn.Module]:

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+from gpuval.finetune.parts import Decision, Part, RowLayout, StepContext
 from gpuval.finetune.step import flash4
-from gpuval.finetune.step.parts import Decision, Part, RowLayout, StepContext
 
 VARLEN = "gpuval_varlen"  # the attention implementation name registered with transformers
 

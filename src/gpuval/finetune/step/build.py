@@ -1,11 +1,14 @@
 """The training step's model, built once: the frozen base, its parts, LoRA, and the parallel wrapper.
 
-`PARTS` is the one declared order of the step's parts (parts.py has their contract; docs/step-parts.md
-why this order). `build_step` loads the model and applies them:
+`PARTS` is the one declared order of everything that changes the step (finetune/parts.py has their
+contract; docs/step-parts.md why this order): the kernels and fusions, how the parallel mode holds the
+weights (train.sharding), activation checkpointing and compiling. `build_step` loads the model and applies
+them, stage by stage:
 
     decide every part (before loading: a refused choice costs no minutes) -> load the bare model ->
-    base parts -> LoRA -> activation checkpointing -> move to the device -> adapted parts ->
-    compile each decoder layer -> the parallel wrapper (ddp, fsdp or deepspeed)
+    `base` parts -> LoRA -> `lora` parts (how the weights are held, activation checkpointing) -> move to
+    the device -> `adapted` parts -> `compile` (each decoder layer) -> the parallel wrapper (ddp, fsdp or
+    deepspeed), which applies the `wrapped` parts once it is made
 """
 
 from __future__ import annotations
@@ -20,24 +23,39 @@ from gpuval.errors import UsageError
 from gpuval.finetune.config import FinetuneConfig
 from gpuval.finetune.model import apply_lora, load_model, ties_output_head, token_ids
 from gpuval.finetune.parallel.modes import decoder_layers, make_parallel, zero_stage
-from gpuval.finetune.parallel.sharding import plan_sharding
+from gpuval.finetune.parallel.sharding import (
+    FsdpReshardPart,
+    Zero3CompileWholePart,
+    Zero3FusedEpiloguePart,
+    Zero3LeanStepPart,
+    Zero3LeavesPart,
+    Zero3UnhookPart,
+    Zero3WholeLoraPart,
+)
+from gpuval.finetune.parts import STAGES, Part, StepContext
 from gpuval.finetune.step.attention import AttentionPart
+from gpuval.finetune.step.compiled import CompilePart
 from gpuval.finetune.step.fp8 import Fp8BasePart
 from gpuval.finetune.step.fused_mlp import FusedGateUpPart
 from gpuval.finetune.step.fused_qkv import FusedQkvPart
 from gpuval.finetune.step.last_mlp_rows import LastMlpRows, LastMlpRowsPart
 from gpuval.finetune.step.liger_ops import LigerOpsPart
 from gpuval.finetune.step.loss_head import FusedLossPart, LossHead
-from gpuval.finetune.step.memory import choose_checkpointing, estimate_step_memory
+from gpuval.finetune.step.memory import CheckpointingPart
 from gpuval.finetune.step.packed_dropout import PackedDropoutPart
-from gpuval.finetune.step.parts import Decision, Part, StepContext
 from gpuval.finetune.step.split_products import SplitProductsPart
 from gpuval.runtime import Runtime
 
-# The register line: every part of the step, in the order they are applied (docs/step-parts.md).
+# The register line: everything that changes the step, in the order applied (docs/step-parts.md).
 PARTS: tuple[Part, ...] = (
+    # base: the bare transformers model
     LigerOpsPart(),
     AttentionPart(),
+    # lora: after LoRA, before the move to the device
+    FsdpReshardPart(),
+    Zero3LeavesPart(),
+    CheckpointingPart(),
+    # adapted: after the move to the device
     PackedDropoutPart(),
     FusedQkvPart(),
     FusedGateUpPart(),
@@ -45,6 +63,14 @@ PARTS: tuple[Part, ...] = (
     FusedLossPart(),
     SplitProductsPart(),
     LastMlpRowsPart(),
+    # compile: each decoder layer
+    CompilePart(),
+    # wrapped: after the parallel wrapper is made (DeepSpeed's engine), before the first forward
+    Zero3WholeLoraPart(),
+    Zero3UnhookPart(),
+    Zero3LeanStepPart(),
+    Zero3FusedEpiloguePart(),
+    Zero3CompileWholePart(),
 )
 
 
@@ -53,8 +79,8 @@ def _check_parts(parts: tuple[Part, ...]) -> None:
     if len(set(names)) != len(names):
         raise ValueError(f"step parts: a name is registered twice in {names}")
     stages = [part.stage for part in parts]
-    if stages != sorted(stages, key=("base", "adapted").index):
-        raise ValueError(f"step parts: base parts must come before adapted ones: {names}")
+    if stages != sorted(stages, key=STAGES.index):
+        raise ValueError(f"step parts: parts must be listed by stage, in the order {STAGES}: {names}")
 
 
 _check_parts(PARTS)
@@ -72,56 +98,47 @@ class Step:
     model: Any  # the PEFT model, unwrapped (its config, its adapters)
     parallel: Any  # parallel.make_parallel's wrapper: forward, backward, step, checkpoints
     ctx: StepContext  # the parts' decisions and details
-    reports: dict[str, Any]  # every part's reports (summary keys), and compile
-    checkpointing: bool
+    reports: dict[str, Any]  # every part's reports (summary keys)
     trainable_count: int
     loss_head: LossHead
     last_mlp: LastMlpRows | None
 
 
 def step_context(cfg: FinetuneConfig, runtime: Runtime) -> StepContext:
-    """What the parts decide from; the compile decision is made here, first (several parts read it)."""
+    """What the parts decide from."""
     t = cfg.train
     on_gpu, device = runtime.on_gpu, runtime.device
-    ctx = StepContext(
+    return StepContext(
         step=t.step,
         experimental=t.experimental,
         lora=cfg.lora,
         parallel=t.parallel,
         on_gpu=on_gpu,
-        compiled=False,
+        compiled=False,  # the compile part's decision, made first
         dtype=cfg.dtype,
+        sharding=t.sharding,
+        zero_stage=zero_stage(cfg),
+        world_size=runtime.world_size,
+        device=device,
+        micro_batch_tokens=t.micro_batch_size * cfg.data.max_seq_len,
         gpu_name=torch.cuda.get_device_name(device) if on_gpu else None,
         capability=torch.cuda.get_device_capability(device) if on_gpu else None,
         tied_head=ties_output_head(cfg.model),
     )
-    ctx.decisions["compile"] = _compile_decision(ctx)
-    ctx.compiled = ctx.decisions["compile"].on
-    return ctx
-
-
-def _compile_decision(ctx: StepContext) -> Decision:
-    setting = ctx.step.compile
-    if setting != "auto":
-        return Decision(bool(setting), bool(setting), "set")
-    if not ctx.on_gpu:
-        return Decision(False, False, "auto: CPU")
-    if ctx.parallel == "deepspeed":
-        return ctx.off_under_parallel("compile")
-    return Decision(True, True, f"auto: GPU, {ctx.parallel}")
 
 
 def decide_parts(ctx: StepContext, is_main: bool) -> str:
-    """Every part's decision, in PARTS order (each may read those before it); returns the start-up line.
-    Notes (a part off under this parallel mode, a missing package) go to stderr on the main rank even in a
-    quiet run."""
-    for part in PARTS:
+    """Every part's decision: those whose decision parts before them read first (`decided_first`), then
+    the rest in PARTS order (each may read those before it); returns the start-up line, which leaves out
+    parts with nothing to do under this run's mode. Notes (a part off under this parallel mode, a missing
+    package) go to stderr on the main rank even in a quiet run."""
+    for part in sorted(PARTS, key=lambda part: not part.decided_first):
         ctx.decisions[part.name] = part.decide(ctx)
     if is_main:
         for decision in ctx.decisions.values():
             if decision.note:
                 print(decision.note, file=sys.stderr)
-    return "step parts: " + "; ".join(d.line(name) for name, d in ctx.decisions.items())
+    return "step parts: " + "; ".join(d.line(name) for name, d in ctx.decisions.items() if d.said)
 
 
 def details_line(ctx: StepContext) -> str:
@@ -170,57 +187,27 @@ def build_step(
         cfg.lora.target_modules,
         token_ids(tokenizer, cfg.lora.trainable_tokens),
     )
-    sharding = plan_sharding(
-        cfg.train.sharding, cfg.train.parallel, zero_stage(cfg), model, decoder_layers(model), runtime
-    )
-    checkpointing, checkpointing_why = _checkpointing(
-        cfg, model, runtime, dtype, ctx.decisions["fused_loss"].on, sharding.weights_sharded
-    )
-    log(f"activation checkpointing: {'on' if checkpointing else 'off'} ({checkpointing_why})")
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(runtime.device)
-    # After the move (the concatenated and FP8 weights are made on the device), before compiling; the parts
-    # replace modules inside the decoder layers, never the layers.
+    # The parts replace modules inside the decoder layers, never the layers.
     ctx.layers = decoder_layers(model)
+    reports.update(apply_parts(model, ctx, "lora"))
+    for line in ctx.settled:  # what `auto` chose once the model was loaded
+        log(f"step parts, settled: {line}")
+    model.to(runtime.device)
+    # After the move (the concatenated and FP8 weights are made on the device), before compiling.
     reports.update(apply_parts(model, ctx, "adapted"))
-    if ctx.compiled:  # per decoder layer, before FSDP wraps them (as torchtitan does)
-        for layer in ctx.layers:
-            layer.compile()
-    reports["compile"] = ctx.compiled
+    reports.update(apply_parts(model, ctx, "compile"))
     trainable_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    parallel = make_parallel(cfg.train.parallel, model, cfg, runtime, dtype, sharding)
+
+    def wrapped(engine: Any) -> None:  # called by the parallel wrapper once it is made
+        reports.update(apply_parts(engine, ctx, "wrapped"))
+
+    parallel = make_parallel(cfg.train.parallel, model, cfg, runtime, dtype, ctx, wrapped)
     return Step(
         model=model,
         parallel=parallel,
         ctx=ctx,
         reports=reports,
-        checkpointing=checkpointing,
         trainable_count=trainable_count,
         loss_head=ctx.hooks.get("loss_head", LossHead.plain()),
         last_mlp=ctx.hooks.get("last_mlp_rows"),
-    )
-
-
-def _checkpointing(
-    cfg: FinetuneConfig, model: Any, runtime: Runtime, dtype: Any, fused: bool, sharded: bool
-) -> tuple[bool, str]:
-    """Whether to recompute activations, and why: the config's choice, or for `auto` the step's memory
-    estimate (finetune/step/memory.py) against this GPU's; `sharded`: each rank holds 1/world of the weights
-    (the sharding plan's `weights_sharded`)."""
-    t = cfg.train
-    if t.step.activation_checkpointing != "auto" or not runtime.on_gpu:
-        return choose_checkpointing(t.step.activation_checkpointing, None, None)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    estimate = estimate_step_memory(
-        model.config,
-        base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
-        trainable_parameters=trainable,
-        tokens_per_micro_batch=t.micro_batch_size * cfg.data.max_seq_len,
-        dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
-        fused_loss=fused,
-        weight_shards=runtime.world_size if sharded else 1,
-    )
-    return choose_checkpointing(
-        "auto", estimate, torch.cuda.get_device_properties(runtime.device).total_memory
     )

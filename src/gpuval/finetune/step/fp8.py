@@ -42,7 +42,7 @@ import torch
 
 from gpuval.errors import UsageError
 from gpuval.finetune.config import Precision
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)  # ("bf16", "fp8-base")
 FP8 = torch.float8_e4m3fn

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 
 from gpuval.errors import UsageError
+from gpuval.finetune.parts import Decision, Part, StepContext
 from gpuval.finetune.step.fp8 import fp8_options, fused_base
 from gpuval.finetune.step.fused_qkv import concatenate_linears
-from gpuval.finetune.step.parts import Decision, Part, StepContext
 
 PROJECTIONS = ("gate_proj", "up_proj")
 

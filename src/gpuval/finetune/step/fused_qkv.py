@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+from gpuval.finetune.parts import Decision, Part, StepContext
 from gpuval.finetune.step.fp8 import Fp8Linear, fp8_options, fused_base
-from gpuval.finetune.step.parts import Decision, Part, StepContext
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 FUSED_NAME = "qkv_fused"  # the concatenated product's name in the attention module, under FSDP2

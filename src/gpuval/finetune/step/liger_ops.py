@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuval.errors import UsageError
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 
 def _kernels(setting: str, on_gpu: bool, compiled: bool, loss_kernel: str) -> str:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
+from gpuval.finetune.parts import Decision, Part, StepContext
 from gpuval.finetune.step.linear_ce import linear_cross_entropy
-from gpuval.finetune.step.parts import Decision, Part, StepContext
 from gpuval.finetune.template import IGNORE_INDEX
 
 

@@ -19,8 +19,11 @@ recomputing, which is slower but never runs out of memory.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+import torch
+
+from gpuval.finetune.parts import Decision, Part, StepContext
 from gpuval.finetune.step.linear_ce import DEFAULT_CHUNK as LOSS_CHUNK
 
 GIB = 2**30
@@ -85,3 +88,44 @@ def choose_checkpointing(
         True,
         f"auto: the step would need about {need:.1f} GiB without it, over {MARGIN:.0%} of {have:.1f} GiB",
     )
+
+
+class CheckpointingPart(Part):
+    """`train.step.activation_checkpointing`: recompute each decoder layer's activations in backward.
+
+    Stage `lora`: after LoRA and the sharding parts (the estimate counts the trainable weights and reads
+    `ctx.weights.sharded`), before the move to the device. A set value is kept; `auto` is off on a CPU and
+    on a GPU is settled here from the step's estimate (`estimate_step_memory`) against this GPU's memory,
+    which needs the loaded model; it reads the fused loss's decision (no full logits). Reports
+    `activation_checkpointing` (bool)."""
+
+    name = "activation_checkpointing"
+    stage = "lora"
+    reports: ClassVar[dict[str, Any]] = {"activation_checkpointing": False}
+
+    def decide(self, ctx: StepContext) -> Decision:
+        setting = ctx.step.activation_checkpointing
+        if setting != "auto" or not ctx.on_gpu:
+            on, why = choose_checkpointing(setting, None, None)
+            return Decision(on, on, why)
+        return Decision(True, "auto", "auto: from the step's memory estimate once the model is loaded")
+
+    def apply(self, model: Any, ctx: StepContext, decision: Decision) -> dict[str, Any]:
+        if decision.choice == "auto":
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            estimate = estimate_step_memory(
+                model.config,
+                base_parameters=sum(p.numel() for p in model.parameters()) - trainable,
+                trainable_parameters=trainable,
+                tokens_per_micro_batch=ctx.micro_batch_tokens,
+                dtype_bytes=getattr(torch, ctx.dtype).itemsize,
+                fused_loss=ctx.decisions["fused_loss"].on,
+                weight_shards=ctx.world_size if ctx.weights.sharded else 1,
+            )
+            gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory
+            on, why = choose_checkpointing("auto", estimate, gpu_bytes)
+            decision = Decision(on, on, why)
+            ctx.settle(self.name, decision)
+        if decision.on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return {"activation_checkpointing": decision.on}

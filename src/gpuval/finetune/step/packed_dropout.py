@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 LEVELS = 1 << 16  # each element's keep decision compares a 16-bit uniform number with the threshold
 _SEED_HALF = 2**31 - 1  # the key is drawn as two 31-bit halves (inductor draws them as int64 randint)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuval.errors import UsageError
-from gpuval.finetune.step.parts import Decision, Part, StepContext
+from gpuval.finetune.parts import Decision, Part, StepContext
 
 
 def column_groups(width: int) -> list[int]:

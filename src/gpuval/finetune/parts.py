@@ -1,12 +1,16 @@
-"""The training step's parts: one contract for every optimisation of the step (issue 35).
+"""The contract of everything that changes the fine-tune's step (issues 35 and 52).
 
-Each optional change of the model (fused q/k/v, split products, the FP8 frozen base, …) is one `Part`, in
-its optimisation's own module, with one contract (after torchtitan's model converters,
-`register_model_converter`, which it applies in list order):
+Each optional change of the model or of how it is run (fused q/k/v, the FP8 frozen base, activation
+checkpointing, compiling the decoder layers, how FSDP2 and ZeRO-3 move the weights, ...) is one `Part`, in
+its own module, with one contract (after torchtitan's model converters, `register_model_converter`, applied
+in list order):
 
-- `name`: the part's name in the log (`step parts: fused_qkv on (auto: GPU, ddp); …`);
-- `stage`: `base` (applied to the bare transformers model, before LoRA) or `adapted` (after LoRA and the
-  move to the device, before compiling);
+- `name`: the part's name in the log (`step parts: fused_qkv on (auto: GPU, ddp); ...`);
+- `stage`: where in the build it is applied (`STAGES`, in this order): `base` (the bare transformers model,
+  before LoRA), `lora` (after LoRA, before the move to the device: how the weights will be held, and
+  activation checkpointing from that), `adapted` (after the move, before compiling), `compile` (the
+  decoder layers, once every part that changes modules inside them has run), `wrapped` (after the parallel
+  wrapper is made, before the first forward: `model` is then the wrapper's engine);
 - `decide(ctx)`: does it apply here: a `Decision` (on or off, the resolved choice where `auto` chose, and
   a one-line reason). A choice set explicitly that cannot run here is a UsageError naming what to set;
 - `apply(model, ctx, decision)`: called only when the decision is on; changes the model in place and returns
@@ -15,8 +19,12 @@ its optimisation's own module, with one contract (after torchtitan's model conve
   after it.
 
 Every part decides before the model loads (a refused choice costs no minutes of loading), in the declared
-order of `step.PARTS`, so a decision may read those made before it (`ctx.decisions`). One function,
-`step.apply_parts`, applies them in that order. docs/step-parts.md says how to add one.
+order of `step.PARTS`, so a decision may read those made before it (`ctx.decisions`); a part whose decision
+parts before it read (`decided_first`: compile, whose choice the kernels' decisions read) decides first.
+A choice that needs the loaded model (`auto` of activation checkpointing, from the step's memory estimate)
+is made in `apply`, which then returns it in its reports and settles the decision (`ctx.settle`). One
+function, `step.apply_parts`, applies the parts of a stage in PARTS order. docs/step-parts.md says how to
+add one.
 """
 
 from __future__ import annotations
@@ -25,9 +33,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from gpuval.finetune.config import ExperimentalSettings, LoraSettings, StepSettings
+from gpuval.finetune.config import ExperimentalSettings, LoraSettings, ShardingSettings, StepSettings
 
-Stage = Literal["base", "adapted"]
+Stage = Literal["base", "lora", "adapted", "compile", "wrapped"]
+STAGES: tuple[Stage, ...] = ("base", "lora", "adapted", "compile", "wrapped")  # the build's order
 
 
 @dataclass(frozen=True)
@@ -42,10 +51,11 @@ class Decision:
     why: str
     settings: dict[str, Any] = field(default_factory=dict)
     note: str | None = None
+    said: bool = True  # False: nothing to do under this run's mode (a ZeRO-3 switch under ddp), unsaid
 
     def line(self, name: str) -> str:
-        shown = f" {self.choice}" if isinstance(self.choice, str) else ""
-        return f"{name} {'on' if self.on else 'off'}{shown} ({self.why})"
+        choice = f" {self.choice}" if isinstance(self.choice, str) else ""
+        return f"{name} {'on' if self.on else 'off'}{choice} ({self.why})"
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,16 @@ class RowLayout:
     whole_rows: bool = False  # with varlen: rows holding one whole document stay rows (their own kernel)
 
 
+@dataclass(frozen=True)
+class WeightPlan:
+    """How the parallel mode will hold the frozen base's weights, as the sharding parts decided it (stage
+    `lora`): read by activation checkpointing's memory estimate and by the parallel wrapper."""
+
+    fsdp_reshard: bool = False  # fsdp: decoder layers (all but the last) reshard after their forward
+    zero3_leaves: tuple[Any, ...] = ()  # deepspeed stage 3: frozen submodules fetched whole
+    sharded: bool = False  # each rank holds 1/world of the base's weights while it waits (step/memory.py)
+
+
 @dataclass
 class StepContext:
     """What the parts' decisions read, and what they leave for the parts after them and for the loop."""
@@ -66,19 +86,40 @@ class StepContext:
     lora: LoraSettings
     parallel: str  # train.parallel: ddp, fsdp or deepspeed
     on_gpu: bool
-    compiled: bool  # decoder layers compiled after the parts (train.step.compile, resolved up front)
+    compiled: bool  # decoder layers compiled after the parts (the compile part's decision, made first)
     dtype: str  # the base weights' dtype name: bfloat16 or float32
+    sharding: ShardingSettings = field(default_factory=ShardingSettings)  # train.sharding
+    zero_stage: int | None = None  # parallel deepspeed: the ZeRO stage of its JSON; else None
+    world_size: int = 1
+    device: Any = None  # this rank's torch.device
+    micro_batch_tokens: int = 0  # token slots per micro-batch: micro_batch_size x max_seq_len
     gpu_name: str | None = None  # torch.cuda.get_device_name; None on a CPU
     capability: tuple[int, int] | None = None  # torch.cuda.get_device_capability; None on a CPU
     tied_head: bool = False  # the model's output head shares the input embeddings' weight
     decisions: dict[str, Decision] = field(default_factory=dict)  # the parts decided so far, by name
-    layers: list[Any] = field(default_factory=list)  # the decoder layers (set before the adapted stage)
+    layers: list[Any] = field(default_factory=list)  # the decoder layers (set after LoRA, before `lora`)
     # What the training loop uses per micro-batch, left by parts: "loss_head", "last_mlp_rows"
     hooks: dict[str, Any] = field(default_factory=dict)
     # Words for the start-up line, by part name (e.g. "q/k/v fused in 28 attention layers")
     details: dict[str, str] = field(default_factory=dict)
     layout: RowLayout = RowLayout()  # the batches' layout (batches.step_batches_for)
+    weights: WeightPlan = WeightPlan()  # how the parallel mode holds the base's weights (sharding parts)
+    # How the parallel mode moves the weights, a phrase each, in the order said (the sharding parts', then
+    # the wrapper's own): the start-up line and the summary's `sharding`
+    weight_notes: list[str] = field(default_factory=list)
     shared: dict[str, Any] = field(default_factory=dict)  # values a part computes once for others
+    # lines of decisions a part settled when applied (a choice that needed the loaded model), for the log
+    settled: list[str] = field(default_factory=list)
+
+    def settle(self, name: str, decision: Decision) -> None:
+        """Part `name`'s decision as its `apply` resolved it (`auto` that needed the loaded model)."""
+        self.decisions[name] = decision
+        self.settled.append(decision.line(name))
+
+    @property
+    def zero3(self) -> bool:
+        """deepspeed with ZeRO stage 3: the weights are partitioned, gathered from hooks."""
+        return self.parallel == "deepspeed" and self.zero_stage == 3
 
     def auto_on_gpu_under_ddp(self, name: str, why: str) -> Decision:
         """`auto` of a part that runs on a GPU under ddp only (`why`: what the other modes lack)."""
@@ -104,6 +145,7 @@ class Part(ABC):
     name: ClassVar[str]
     stage: ClassVar[Stage]
     reports: ClassVar[dict[str, Any]]
+    decided_first: ClassVar[bool] = False  # parts before it in PARTS read its decision: it decides first
 
     @abstractmethod
     def decide(self, ctx: StepContext) -> Decision:
