@@ -668,3 +668,29 @@ def ends_within(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# -- the fine-tune's tests (tests/finetune/, by subpackage as src/gpuval/finetune/) -------------------------
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Twelve synthetic Glaive records, prepared: one module's training file."""
+    from gpuval.finetune.data.prepare import SourceRecord, convert_all
+    from gpuval.finetune.data.synth import synth_records
+
+    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(12, seed=3))]
+    conversations, _skipped = convert_all(records)
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def runtime(no_launcher_env: None) -> Iterator[Any]:
+    """A gloo process group of one in this process, shut down after the test."""
+    from gpuval.runtime import init_runtime
+
+    rt = init_runtime(timeout_s=30, backend="gloo")
+    yield rt
+    rt.shutdown()

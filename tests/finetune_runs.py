@@ -1,6 +1,7 @@
-"""How test_finetune_train.py runs a fine-tune apart from its `runtime` fixture: under a launcher in child
-processes (tests/dist/train_worker.py), or in this process with a group of its own (a module-scoped fixture's
-run, a comparison's one-process side)."""
+"""How the fine-tune's tests (tests/finetune/) configure and run a fine-tune: the tests' config, the saved
+adapter's weights; and how test_finetune_train.py runs one apart from its `runtime` fixture: under a
+launcher in child processes (tests/dist/train_worker.py), or in this process with a group of its own (a
+module-scoped fixture's run, a comparison's one-process side)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,39 @@ import torch
 import yaml
 from conftest import cli_env, is_launcher_variable
 
+from gpuval.config import deep_merge
 from gpuval.finetune.config import finetune_config_from_dict
 from gpuval.finetune.trainer import train
 from gpuval.runtime import Runtime, init_runtime
 
 WORKER = Path(__file__).parent / "dist" / "train_worker.py"
+
+
+def config_dict(train_file: Path, output: Path, **train_settings: object) -> dict:
+    """The tests' fine-tune config; `train_settings` merge into its train section (sections such as
+    step={"fuse_qkv": True} deeply)."""
+    train = {
+        "micro_batch_size": 1,
+        "grad_accum_steps": 2,
+        "max_steps": 20,
+        "seed": 7,
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+    }
+    return {
+        "model": "tiny",
+        "dtype": "float32",
+        "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
+        "data": {"train": str(train_file), "max_seq_len": 256},
+        "train": deep_merge(train, train_settings),
+        "output": str(output),
+    }
+
+
+def lora_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The adapter's weights as saved (adapter_model.safetensors)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "adapter_model.safetensors"))
 
 
 @contextmanager

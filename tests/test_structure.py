@@ -262,6 +262,16 @@ FINETUNE_SUBPACKAGES = {
 }
 
 
+def test_the_finetune_tests_follow_its_subpackages():
+    """tests/finetune/ mirrors src/gpuval/finetune/: each folder of tests is a subpackage's, and every
+    subpackage with tests of its own has its folder."""
+    tests = Path(__file__).parent / "finetune"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    subpackages = {name.rsplit(".", 1)[1] for name in FINETUNE_SUBPACKAGES}
+    assert folders <= subpackages, folders - subpackages
+    assert not list(Path(__file__).parent.glob("test_finetune_*.py")), "fine-tune tests belong in tests/finetune/"
+
+
 def _finetune_imports_going_up(graph: dict[str, set[str]]) -> list[str]:
     found = []
     for package, allowed in FINETUNE_SUBPACKAGES.items():

@@ -1,4 +1,4 @@
-"""Worker for tests/test_finetune_train.py: fine-tune runs one after another in one process group, alone or
+"""Worker for tests/finetune/test_finetune_train.py: fine-tune runs one after another in one process group, alone or
 under `torchrun --nproc_per_node=N`.
 
     train_worker.py CONFIG.yaml OUT.json [CONFIG.yaml OUT.json ...] [--lr LR]

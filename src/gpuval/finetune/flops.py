@@ -11,7 +11,8 @@ Source: docs/mfu.md (PaLM's appendix B count, with frozen weights' missing weigh
   after PaLM (Chowdhery et al. 2022, appendix B).
 Recomputation by activation checkpointing is not counted: MFU measures useful work.
 
-Worked check for Qwen2-7B with LoRA r=64 on q,k,v,o: docs/mfu.md (tests/test_finetune_flops.py repeats it).
+Worked check for Qwen2-7B with LoRA r=64 on q,k,v,o: docs/mfu.md (tests/finetune/test_finetune_flops.py
+repeats it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """AdamW over the trainable (adapter) parameters and its learning-rate schedule: linear warm-up, then
 cosine decay to 0 — the `cosine` scheduler of transformers' Trainer (get_cosine_schedule_with_warmup), step
 for step: warm-up step s (0-based) gets s / warmup_steps of the peak, so the first step's is 0 and the
-peak comes at step warmup_steps (tests/test_finetune_equivalence.py trains with both and compares)."""
+peak comes at step warmup_steps (tests/finetune/test_finetune_equivalence.py trains with both and
+compares)."""
 
 from __future__ import annotations
 

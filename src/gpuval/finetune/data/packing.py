@@ -23,7 +23,8 @@ first-fit, order-stable); `collate` turns packs into model inputs in which no do
 Labels: the model's loss shifts labels by one (token t predicts label t+1), so at a document boundary
 the last token of one document would be scored on the first token of the next. `pack` therefore sets
 the first label of every document to IGNORE_INDEX; that label is never a target when the document is
-alone either, so the packed loss equals the unpacked loss exactly (tests/test_finetune_packing.py).
+alone either, so the packed loss equals the unpacked loss exactly
+(tests/finetune/data/test_finetune_packing.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 
 from gpuval.finetune.step.memory import GIB, choose_checkpointing, estimate_step_memory
 
-SHAPE = Path(__file__).parents[1] / "src/gpuval/finetune/shapes/qwen2-7b/config.json"
+SHAPE = Path(__file__).parents[3] / "src/gpuval/finetune/shapes/qwen2-7b/config.json"
 QWEN2_7B = SimpleNamespace(**json.loads(SHAPE.read_text()))
 BASE, LORA = 7_615_616_512, 40_370_176
 # the lent H100's memory as torch reports it, what the trainer reads (2026-11-25-h100x1-finetune-shipped)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+CONFIG = Path(__file__).parents[2] / "configs" / "finetune" / "tiny-cpu.yaml"
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 MLP exactly, the tiny model's loss and LoRA gradients in float64), shares one weight with the projections,
 leaves the state dict and the adapter as they were, refuses a call order it was not built for, leaves MLPs
 with LoRA on gate/up alone, and in FP8 quantises the concatenated weight once, which
-fp8.convert_frozen_linears then leaves alone (PyTorch's CPU `_scaled_mm`, as tests/test_finetune_fp8.py)."""
+fp8.convert_frozen_linears then leaves alone (PyTorch's CPU `_scaled_mm`, as
+tests/finetune/step/test_finetune_fp8.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from conftest import (  # noqa: E402
     assert_close_to_scale,
     cpu_rowwise_scaled_mm,
 )
+from finetune_runs import config_dict, lora_weights  # noqa: E402
 from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import FLOAT64_SUMS, QKVO, lora_model, relative  # noqa: E402
-from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402
@@ -225,8 +226,8 @@ def test_fp8_mlp_quantises_x_once_and_computes_one_input_gradient_product(monkey
     """The real _scaled_mm (CPU) wrapped to record each product: one forward product of 2 × 576 columns for
     gate and up, and one input-gradient product of inner dimension 2 × 576; the forward multiplies the
     unfused FP8 MLP's quantised operands, bit for bit, to its gate and up within one bf16 rounding; the input
-    gradient is within the e4m3 bound of tests/test_finetune_fp8.py for one product over the concatenated
-    weight."""
+    gradient is within the e4m3 bound of tests/finetune/step/test_finetune_fp8.py for one product over the
+    concatenated weight."""
     from test_finetune_fp8 import product_bound
 
     from gpuval.finetune.parallel.modes import decoder_layers

@@ -19,8 +19,8 @@ Step switches that cannot run on a CPU, or change nothing there (one line each):
 - row_kernel: applies only to rows that are one whole document each (bench train's fixed data); these
   packs hold several documents and padding, so every kernel runs the same varlen path.
 - varlen_kernel fa4 / flash: both run SDPA once per document on a CPU (kernels.varlen_attention).
-- parallel fsdp / deepspeed, several ranks: not step arithmetic; tests/test_finetune_train.py compares
-  DDP and FSDP on two ranks with one process.
+- parallel fsdp / deepspeed, several ranks: not step arithmetic; tests/finetune/test_finetune_train.py
+  compares DDP and FSDP on two ranks with one process.
 """
 
 from __future__ import annotations

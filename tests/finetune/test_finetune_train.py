@@ -17,62 +17,24 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from conftest import assert_close_to_adamw_steps, cli_env  # noqa: E402
-from finetune_runs import WORKER, own_runtime, run_alone, run_worker, run_workers  # noqa: E402
+from finetune_runs import (  # noqa: E402
+    WORKER,
+    config_dict,
+    lora_weights,
+    own_runtime,
+    run_alone,
+    run_worker,
+    run_workers,
+)
 
-from gpuval.config import deep_merge  # noqa: E402
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.checkpoint import latest_checkpoint  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict, load_finetune_config  # noqa: E402
-from gpuval.finetune.data.prepare import SourceRecord, convert_all  # noqa: E402
-from gpuval.finetune.data.synth import synth_records  # noqa: E402
 from gpuval.finetune.optim import lr_factor  # noqa: E402
 from gpuval.finetune.trainer import BACKWARD, FORWARD, OPTIMIZER_STEP, train  # noqa: E402
-from gpuval.runtime import init_runtime  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-@pytest.fixture(scope="module")
-def train_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    records = [SourceRecord(f"record {i}", r) for i, r in enumerate(synth_records(12, seed=3))]
-    conversations, _skipped = convert_all(records)
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("".join(json.dumps(c) + "\n" for c in conversations), encoding="utf-8")
-    return path
-
-
-def config_dict(train_file: Path, output: Path, **train_settings: object) -> dict:
-    """The tests' fine-tune config; `train_settings` merge into its train section (sections such as
-    step={"fuse_qkv": True} deeply)."""
-    train = {
-        "micro_batch_size": 1,
-        "grad_accum_steps": 2,
-        "max_steps": 20,
-        "seed": 7,
-        "optim": {"lr": 3e-3, "warmup_steps": 2},
-    }
-    return {
-        "model": "tiny",
-        "dtype": "float32",
-        "lora": {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"},
-        "data": {"train": str(train_file), "max_seq_len": 256},
-        "train": deep_merge(train, train_settings),
-        "output": str(output),
-    }
-
-
-@pytest.fixture
-def runtime(no_launcher_env):
-    rt = init_runtime(timeout_s=30, backend="gloo")
-    yield rt
-    rt.shutdown()
-
-
-def lora_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return load_file(str(model_dir / "adapter_model.safetensors"))
 
 
 def test_lr_schedule_warms_up_linearly_then_decays_by_cosine_to_zero():

@@ -24,7 +24,7 @@ from gpuval.finetune.model import load_model, load_tokenizer  # noqa: E402
 from gpuval.finetune.pipeline import eval_splits, holdout_records  # noqa: E402
 from gpuval.finetune.template import render_prompt  # noqa: E402
 
-CONFIG = Path(__file__).parents[1] / "configs" / "finetune" / "tiny-cpu.yaml"
+CONFIG = Path(__file__).parents[2] / "configs" / "finetune" / "tiny-cpu.yaml"
 
 
 def prepared(n: int, seed: int, values: str = "train") -> list[dict]:

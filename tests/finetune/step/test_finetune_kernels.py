@@ -19,8 +19,8 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 from conftest import FLOAT64_REORDERED, assert_close_to_scale  # noqa: E402
+from finetune_runs import config_dict  # noqa: E402
 from step_parts import decide  # noqa: E402
-from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402

@@ -16,9 +16,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 import torch  # noqa: E402
+from finetune_runs import config_dict, lora_weights  # noqa: E402
 from step_parts import decide  # noqa: E402
 from test_finetune_fused_qkv import lora_model  # noqa: E402
-from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.finetune.config import finetune_config_from_dict  # noqa: E402
 from gpuval.finetune.step.fused_qkv import fuse_qkv  # noqa: E402

@@ -9,7 +9,6 @@ import pytest
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from test_finetune_train import runtime  # noqa: E402, F401
 
 from gpuval.finetune.data.batches import (  # noqa: E402
     data_order,

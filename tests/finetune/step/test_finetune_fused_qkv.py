@@ -14,8 +14,8 @@ pytest.importorskip("peft")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from conftest import assert_close_to_adamw_steps  # noqa: E402
+from finetune_runs import config_dict, lora_weights  # noqa: E402
 from step_parts import decide  # noqa: E402
-from test_finetune_train import config_dict, lora_weights, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.model import apply_lora, load_model  # noqa: E402

@@ -21,8 +21,8 @@ pytest.importorskip("peft")
 
 import torch  # noqa: E402
 from conftest import NEEDS_CPU_ROWWISE_FP8, cpu_rowwise_scaled_mm  # noqa: E402
+from finetune_runs import config_dict  # noqa: E402
 from step_parts import decide  # noqa: E402
-from test_finetune_train import config_dict, runtime, train_file  # noqa: E402, F401
 
 from gpuval.errors import UsageError  # noqa: E402
 from gpuval.finetune.step.fp8 import (  # noqa: E402
