@@ -269,7 +269,8 @@ def test_the_finetune_tests_follow_its_subpackages():
     folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
     subpackages = {name.rsplit(".", 1)[1] for name in FINETUNE_SUBPACKAGES}
     assert folders <= subpackages, folders - subpackages
-    assert not list(Path(__file__).parent.glob("test_finetune_*.py")), "fine-tune tests belong in tests/finetune/"
+    stray = list(Path(__file__).parent.glob("test_finetune_*.py"))
+    assert not stray, f"fine-tune tests belong in tests/finetune/: {stray}"
 
 
 def _finetune_imports_going_up(graph: dict[str, set[str]]) -> list[str]:

@@ -13,16 +13,14 @@ prepared records give it).
   is not accepted), and each value must match after normalisation:
   numbers equal across int/float (3 == 3.0), strings compared case- and punctuation-insensitively with
   whitespace collapsed, lists in order element-wise, dicts recursively, booleans strictly (True != 1),
-  `None` only to `None`; no other cross-type match ("3" != 3).
+  `None` only to `None`; no other cross-type match ("3" != 3) (these count argument slots for F1);
+- and the call passes `ast_match`.
 
-`ast_match` is the Berkeley Function Calling Leaderboard's own, more lenient rule (its AST checker), so scores
-can be set beside BFCL-style ones: the name must match; every `required` parameter must be present and no
-parameter may fall outside the schema; a value must have the schema's type (an integer passing for a `number`,
-array items checked one level deep) or the reference value's type; a given value must equal the reference's,
-or, for an optional parameter the reference left out, the schema's `default`; strings are compared as BFCL
-standardises them (lower case, without spaces and `,./-_*^`, single quotes as double); an optional parameter
-may be left out when the reference left it out or gave it at its default. `score` reports it as `ast_accuracy`
-beside the strict `exact_call_accuracy`.
+`ast_match` is the Berkeley Function Calling Leaderboard's AST check (finetune/eval/bfcl.py: bfcl-eval
+2026.3.23's rules, held to its verdicts): the name, then the arguments against the reference's possible
+answers (its `acceptable`, or made from its arguments and the schema). `score` reports it as
+`ast_accuracy` beside the strict `exact_call_accuracy`; a call is exact only when `ast_match` passes it too,
+so the strict score never passes what the AST score fails.
 
 `score` aggregates examples. Zero denominators give `None` (never 0.0 or NaN); F1 is `None` when precision
 or recall is `None`, and 0.0 when both are 0.
@@ -31,13 +29,13 @@ or recall is `None`, and 0.0 when both are 0.
 from __future__ import annotations
 
 import math
-import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuval.finetune.eval.bfcl import check_call, possible_answers
 from gpuval.finetune.template import parse_tool_calls
 
 
@@ -115,106 +113,40 @@ def match_call(
         if isinstance(properties, dict):
             schema_ok = schema_ok and all(name in properties for name in pred_args)
     exact = name_ok and schema_ok and pred_args.keys() == exp_args.keys() and tp == len(exp_args)
+    # strict means at least what BFCL asks: a call exact here passes the AST score too
+    exact = exact and ast_match(predicted, expected, schema)
     return CallMatch(exact, name_ok, tp, len(pred_args), len(exp_args))
 
 
-_BFCL_STRIP = re.compile(r"[ ,./\-_*^]")  # what BFCL's checker removes from strings before comparing
-# JSON-schema types, and BFCL's own names for them (its Python type mapping: float, dict, tuple, any)
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),  # BFCL accepts an int where a float is described, not the other way round
-    "float": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "tuple": (list,),
-    "object": (dict,),
-    "dict": (dict,),
-    "any": (str,),
-}
-
-
-def _bfcl_string(text: str) -> str:
-    """BFCL's standardisation: spaces and `,./-_*^` removed, lower case, single quotes as double."""
-    return _BFCL_STRIP.sub("", text).lower().replace("'", '"')
-
-
-def _typed(value: Any, kind: Any) -> bool:
-    """Whether `value` has the JSON-schema type `kind` (a bool is never a number); unknown kinds pass."""
-    allowed = _JSON_TYPES.get(kind) if isinstance(kind, str) else None
-    if allowed is None:
-        return True
-    if isinstance(value, bool):
-        return bool in allowed
-    return isinstance(value, allowed)
-
-
-def _type_ok(value: Any, spec: dict[str, Any], reference: Any, has_reference: bool) -> bool:
-    """BFCL's type check: the schema's type, an array's items one level deep; a value of another type
-    passes when it has the reference value's type (BFCL's rule for an answer typed unlike its schema), an
-    array item when it has the type of the reference's first item."""
-    if not _typed(value, spec.get("type")):
-        return has_reference and type(value) is type(reference)
-    items = spec.get("items")
-    if not (isinstance(value, list) and isinstance(items, dict)):
-        return True
-    like = type(reference[0]) if isinstance(reference, list) and reference else None
-    return all(_typed(item, items.get("type")) or type(item) is like for item in value)
-
-
-def _ast_equal(predicted: Any, expected: Any) -> bool:
-    """BFCL's value comparison: numbers by value (int == float), strings standardised, lists in order."""
-    if isinstance(expected, bool) or isinstance(predicted, bool):
-        return type(predicted) is type(expected) and predicted == expected
-    if _is_number(expected) and _is_number(predicted):
-        return math.isclose(predicted, expected, rel_tol=1e-9, abs_tol=0.0)
-    if isinstance(expected, str) and isinstance(predicted, str):
-        return _bfcl_string(predicted) == _bfcl_string(expected)
-    if isinstance(expected, list) and isinstance(predicted, list):
-        return len(predicted) == len(expected) and all(map(_ast_equal, predicted, expected))
-    if isinstance(expected, dict) and isinstance(predicted, dict):
-        return predicted.keys() == expected.keys() and all(
-            _ast_equal(predicted[k], expected[k]) for k in expected
-        )
-    return predicted is None and expected is None
+# A reference value's JSON type as a schema type, for a call whose tool has no schema
+_INFERRED = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "float"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "dict"),
+)
 
 
 def ast_match(predicted: dict[str, Any], expected: dict[str, Any], schema: dict[str, Any] | None) -> bool:
-    """One predicted call against one expected call by BFCL's AST rules (module docstring).
-
-    BFCL scores against a list of possible answers per parameter, `""` marking one that may be left out.
-    Here a parameter the reference gives has its value as the one answer (and `""` when it is optional and
-    the value is the schema's `default`); an optional one the reference leaves out has the `default` and
-    `""`."""
+    """One predicted call against one reference call by BFCL's AST rules (finetune/eval/bfcl.py): the name,
+    then the arguments against the reference's possible answers. Without a schema the reference's arguments
+    are the function's, all required, typed as the reference gives them."""
     if predicted.get("name") != expected.get("name"):
         return False
     pred_args = predicted.get("arguments") or {}
-    exp_args = expected.get("arguments") or {}
     params = _parameters(schema) or {}
     if isinstance(params.get("properties"), dict):
         properties, required = params["properties"], set(params.get("required") or [])
-    else:  # no schema: the reference's arguments are the function's, all of them required
-        properties, required = {name: {} for name in exp_args}, set(exp_args)
-    if not required <= pred_args.keys():
-        return False  # BFCL: "Missing required parameter"
-    for name, value in pred_args.items():
-        spec = properties.get(name)
-        if not isinstance(spec, dict):
-            return False  # BFCL: "Unexpected parameter"
-        if not _type_ok(value, spec, exp_args.get(name), name in exp_args):
-            return False
-        if name in exp_args:
-            if not _ast_equal(value, exp_args[name]):
-                return False  # BFCL: "Invalid value for parameter"
-        elif not ("default" in spec and _ast_equal(value, spec["default"])):
-            return False  # an optional argument the reference left out, given at a value not its default
-    for name, value in exp_args.items():
-        if name in pred_args or name in required:
-            continue
-        spec = properties.get(name)
-        if not (isinstance(spec, dict) and "default" in spec and _ast_equal(value, spec["default"])):
-            return False  # BFCL: "Optional parameter not provided and not marked as optional"
-    return True
+    else:
+        exp_args = expected.get("arguments") or {}
+        properties = {
+            name: {"type": next((kind for cls, kind in _INFERRED if isinstance(value, cls)), None)}
+            for name, value in exp_args.items()
+        }
+        required = set(exp_args)
+    return check_call(pred_args, possible_answers(expected, properties, required), properties, required)
 
 
 def _tool_schema(tools: Iterable[dict[str, Any]], name: Any) -> dict[str, Any] | None:
@@ -331,10 +263,10 @@ def score(examples: Iterable[dict[str, Any]]) -> dict[str, Any]:
         exp_calls += len(expected)
         exact_calls += exact_here
         arg_tp += sum(m.true_positives for _, _, m in pairs)
-        exact_examples += json_valid and exact_here == len(expected) and len(predicted) == len(expected)
-        ast_examples += (
-            json_valid and len(predicted) == len(expected) and _ast_all(predicted, expected, tools)
-        )
+        ast_here = json_valid and len(predicted) == len(expected) and _ast_all(predicted, expected, tools)
+        ast_examples += ast_here
+        # an example exact here passes the AST score too (BFCL pairs calls greedily in the reference's order)
+        exact_examples += ast_here and exact_here == len(expected)
     call_p, call_r = _ratio(tp, tp + fp), _ratio(tp, tp + fn)
     arg_p, arg_r = _ratio(arg_tp, arg_pred), _ratio(arg_tp, arg_exp)
     return {
