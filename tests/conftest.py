@@ -479,6 +479,13 @@ def gpuval() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_cli
 
 
+def module_path(name: str) -> Path:
+    """The test module of that file name, wherever it lies under tests/ (conftest's lists name modules by
+    file name; the fine-tune's follow its subpackages: tests/finetune/step/, ...)."""
+    (found,) = Path(__file__).parent.rglob(name)
+    return found
+
+
 # One shortened `finetune run` of the shipped CPU config (synth -> prepare -> LoRA -> eval, ~130 s of CPU on
 # one thread), read by the tests that mark themselves with TINY_CPU_RUN: the learning test, and the tests of
 # the run's files and of its console. The mark puts them on one worker, which makes the run once.

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from conftest import EXPECT_CPU_CAPABILITY, cli_env  # noqa: E402
+from conftest import EXPECT_CPU_CAPABILITY, cli_env, module_path  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -72,13 +72,6 @@ def _has(capability: str) -> bool:
     return here in CAPABILITY_ORDER and CAPABILITY_ORDER.index(here) >= CAPABILITY_ORDER.index(capability)
 
 
-def _module(name: str) -> Path:
-    """The test module of that file name, wherever it lies under tests/ (the fine-tune's follow its
-    subpackages: tests/finetune/step/, ...)."""
-    (found,) = TESTS.rglob(name)
-    return found
-
-
 def _child_pytest(
     tests: list[str], options: list[str], variables: dict[str, str], basetemp: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -90,7 +83,7 @@ def _child_pytest(
     env = {key: value for key, value in cli_env().items() if not key.startswith(("PYTEST_", "GPUVAL_TESTS_"))}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(basetemp.parent / "inductor")
     env.update(variables)
-    command = [sys.executable, "-m", "pytest", *(str(_module(t)) for t in tests), *options]
+    command = [sys.executable, "-m", "pytest", *(str(module_path(t)) for t in tests), *options]
     command += ["-n", "0", "-p", "no:cacheprovider", "-q", f"--basetemp={basetemp}"]
     return subprocess.run(command, cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=900)
 

@@ -96,17 +96,17 @@ def test_the_readme_runs_the_tests_as_ci_does_and_the_torch_version_modules_exis
     block = (REPO / "README.md").read_text(encoding="utf-8").split("```bash\n", 1)[1].split("```", 1)[0]
     given = [line.split("#")[0].strip() for line in block.splitlines() if " -m pytest" in line]
     assert len(ran) == 2 and set(ran) <= set(given), (ran, given)
-    assert sorted(name for name in TORCH_VERSION_MODULES if not (REPO / "tests" / name).is_file()) == []
+    assert sorted(name for name in TORCH_VERSION_MODULES if not list((REPO / "tests").rglob(name))) == []
 
 
 def test_each_test_the_lowest_torch_leaves_out_is_there() -> None:
     """A renamed test would silently come back to the lowest torch's run: each name still names one."""
-    from conftest import NOT_ON_THE_LOWEST, TORCH_VERSION_MODULES
+    from conftest import NOT_ON_THE_LOWEST, TORCH_VERSION_MODULES, module_path
 
     for name in sorted(NOT_ON_THE_LOWEST):
         module, test = name.split("::")
         assert module in TORCH_VERSION_MODULES, name
-        source = (REPO / "tests" / module).read_text(encoding="utf-8")
+        source = module_path(module).read_text(encoding="utf-8")
         assert re.search(rf"^def {re.escape(test.split('[')[0])}\(", source, re.M), name
 
 
