@@ -120,3 +120,32 @@ def test_strict_never_passes_what_the_ast_score_fails():
     right = {"expected": [reference], "predicted": [{"name": "f", "arguments": {"n": 19, "s": "07:30"}}],
              "tools": [tool]}  # fmt: skip
     assert score([right])["exact_examples"] == score([right])["ast_examples"] == 1
+
+
+def test_an_openai_format_record_carries_acceptable_values_to_the_score():
+    """An OpenAI-format call may carry BFCL's answer (`acceptable`): the prepared record keeps it beside the
+    call, the chat template leaves it out of the text trained on, and the AST score accepts each value."""
+    from gpuval.finetune.data.glaive import MalformedRecord
+    from gpuval.finetune.data.openai_format import convert_record
+    from gpuval.finetune.eval.scoring import examples_from_records
+    from gpuval.finetune.model import load_tokenizer
+    from gpuval.finetune.template import render
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Dublin"}'},
+            "acceptable": {"city": ["Dublin", "Baile Átha Cliath"]}}  # fmt: skip
+    record = convert_record({"tools": [tool], "messages": [
+        {"role": "user", "content": "Weather in Dublin?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]}]})  # fmt: skip
+    (prepared_call,) = record["messages"][1]["tool_calls"]
+    assert prepared_call["acceptable"] == {"city": ["Dublin", "Baile Átha Cliath"]}
+    assert "Baile" not in render(record, load_tokenizer("tiny"))
+    texts = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "baile átha cliath"}}\n</tool_call>']
+    scored = score(examples_from_records([record], texts))
+    assert scored["ast_examples"] == 1 and scored["exact_examples"] == 0  # strict: the reference's own value
+    broken = {**call, "acceptable": ["Dublin"]}
+    with pytest.raises(MalformedRecord, match="acceptable is a list, not an object of lists"):
+        convert_record({"tools": [tool], "messages": [
+            {"role": "user", "content": "?"},
+            {"role": "assistant", "content": "", "tool_calls": [broken]}]})  # fmt: skip

@@ -119,7 +119,8 @@ def parse_call(call: Any, number: int) -> dict[str, Any]:
     """`{"type": "function", "id": ..., "function": {"name", "arguments"}}`, or the bare function part that
     chat templates also accept → `{"name": str, "arguments": dict}`. Arguments may be a JSON string holding
     an object (OpenAI), an object (TRL), or absent, null or "" (no arguments: {}, as Glaive's missing
-    ones)."""
+    ones). A call may carry `acceptable` (gpuval's own key: BFCL's possible answers, `{param: [value,
+    ...]}`, docs/function-calling-eval.md): kept for the evaluation, never trained on."""
     where = f"message {number}"
     if not isinstance(call, dict):
         raise MalformedRecord(BROKEN_CALL, f"{where}: a tool call that is {json_kind(call)}")
@@ -131,12 +132,20 @@ def parse_call(call: Any, number: int) -> dict[str, Any]:
         raise MalformedRecord(BROKEN_CALL, f"{where}: a tool call without a function name")
     arguments = function.get("arguments")
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        return {"name": name, "arguments": {}}
+        arguments = {}
     if isinstance(arguments, str):
         arguments = _decode(arguments, BROKEN_CALL, f"{where}: arguments")
     if not isinstance(arguments, dict):
         raise MalformedRecord(BROKEN_CALL, f"{where}: arguments are {json_kind(arguments)}, not an object")
-    return {"name": name, "arguments": arguments}
+    parsed = {"name": name, "arguments": arguments}
+    acceptable = call.get("acceptable")
+    if acceptable is not None:  # BFCL's possible answers for the call (eval/bfcl.py), for scoring only
+        if not isinstance(acceptable, dict) or not all(isinstance(v, list) for v in acceptable.values()):
+            raise MalformedRecord(
+                BROKEN_CALL, f"{where}: acceptable is {json_kind(acceptable)}, not an object of lists"
+            )
+        parsed["acceptable"] = acceptable
+    return parsed
 
 
 def _decode(text: str, reason: str, what: str) -> Any:
