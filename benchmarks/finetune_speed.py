@@ -19,6 +19,11 @@ memory must be given back between runs):
   `on_step_begin` and `on_step_end` (the Trainer fetches a step's batches before `on_step_begin`).
   `trl-padded`: the same with `padding_free=False` (every row is 4,096 tokens, so nothing is padded, and
   transformers drops the all-ones mask: SDPA runs without one, as for the seeds).
+- `unsloth`, `unsloth-no-ckpt` (issue 53): Unsloth's `FastLanguageModel` loading the same random-weight
+  model from a local folder, its LoRA (the recipe's) and kernels, in the seeds' loop (`manual_steps`), with
+  its own recomputation ("unsloth") or none; benchmarks/finetune_speed_unsloth.py says how. Not in the
+  default variants: Unsloth and its wheels must be carried to the device; without them the side's error
+  says what is missing.
 - `gpuval-*`: `gpuval bench train --set mode=fixed` (the very step `gpuval finetune train` runs) with the
   settings in VARIANTS; `gpuval` is the default, fastest configuration, the others take one thing away at
   a time so the gain of each is measured (`gpuval-unfused`: PEFT's own q/k/v), `gpuval-fp8` adds the FP8
@@ -142,6 +147,8 @@ INDUCTOR: dict[str, dict[str, Any]] = {
 }
 VARIANTS.update({name: {} for name in INDUCTOR})
 TRL_VARIANTS = {"trl": True, "trl-padded": False}  # name -> padding_free
+# name -> Unsloth's use_gradient_checkpointing: "unsloth" (its recommended offloaded recomputation) or none
+UNSLOTH_VARIANTS: dict[str, bool | str] = {"unsloth": "unsloth", "unsloth-no-ckpt": False}
 DEFAULT_VARIANTS = ("seeds", "trl", "trl-padded", "gpuval", "gpuval-fp8", "gpuval-unfused")
 GPU_MICRO_BATCH = 3  # bench train's GPU default (bench/train.py)
 TRL_MICRO_BATCH = 2  # the seeds' per-device batch; without checkpointing 7B at 3 x 4,096 may not fit
@@ -339,8 +346,12 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
         return run_seeds(args)
     if name in TRL_VARIANTS:
         return run_trl(args, padding_free=TRL_VARIANTS[name])
+    if name in UNSLOTH_VARIANTS:
+        from finetune_speed_unsloth import run_unsloth  # beside this script; Unsloth imported there only
+
+        return run_unsloth(args, checkpointing=UNSLOTH_VARIANTS[name])
     if name not in VARIANTS:
-        known = ", ".join(["seeds", *TRL_VARIANTS, *VARIANTS])
+        known = ", ".join(["seeds", *TRL_VARIANTS, *UNSLOTH_VARIANTS, *VARIANTS])
         raise SystemExit(f"unknown variant {name!r}; known: {known}")
     options = {
         "model": args.model,
@@ -434,15 +445,34 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     model = get_peft_model(model, recipe_lora())
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
+    times, losses = manual_steps(model, trainable, input_ids, labels, 2, args.warmup + args.steps)
+    params = {
+        "micro_batch_size": 2,
+        "grad_accum_steps": accumulation,
+        "activation_checkpointing": True,
+        "attention": "sdpa",
+    }
+    return step_result(args, model.config, sum(p.numel() for p in trainable), times, losses, params)
+
+
+def manual_steps(
+    model: Any, trainable: list[Any], input_ids: Any, labels: Any, per_device: int, total_steps: int
+) -> tuple[list[float], list[float]]:
+    """The seeds' loop, also the Unsloth side's: every step the whole global batch (`input_ids` rows) in
+    micro-batches of `per_device` rows, the loss averaged over them, clipping at 1, torch's fused AdamW at
+    LR on gpuval's schedule. Returns each step's seconds (CUDA events) and loss."""
+    import torch
+
+    accumulation = len(input_ids) // per_device
     optimizer = torch.optim.AdamW(trainable, lr=LR, fused=True)
-    schedule = seeds_schedule(optimizer, args.warmup + args.steps)
+    schedule = seeds_schedule(optimizer, total_steps)
     losses, times = [], []
-    for _step in range(args.warmup + args.steps):
+    for _step in range(total_steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        step_loss = torch.zeros((), device=device)  # summed on the GPU: no sync inside the step
-        for micro in range(accumulation):  # per-device batch 2, the loss averaged over the micro-batches
-            rows = slice(2 * micro, 2 * micro + 2)
+        step_loss = torch.zeros((), device=input_ids.device)  # summed on the GPU: no sync inside the step
+        for micro in range(accumulation):  # the loss averaged over the micro-batches
+            rows = slice(per_device * micro, per_device * micro + per_device)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = model(input_ids=input_ids[rows], labels=labels[rows]).loss  # HF's shifted mean CE
             (loss / accumulation).backward()
@@ -455,13 +485,7 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
         losses.append(float(step_loss))
-    params = {
-        "micro_batch_size": 2,
-        "grad_accum_steps": accumulation,
-        "activation_checkpointing": True,
-        "attention": "sdpa",
-    }
-    return step_result(args, model.config, sum(p.numel() for p in trainable), times, losses, params)
+    return times, losses
 
 
 def seeds_schedule(optimizer: Any, total_steps: int) -> Any:

@@ -342,3 +342,21 @@ def test_fp8_loss_runs_differ_in_their_fp8_settings_only_and_are_valid_configs(t
     assert all(other == bf16 for other in others)
     assert bf16["train"]["max_steps"] >= 200 and bf16["lora"]["dropout"] == 0.05
     assert bf16["train"]["seed"] == 3  # --seed reaches every run
+
+
+def test_an_unsloth_side_that_cannot_load_says_what_is_missing_and_the_report_keeps_it(tmp_path):
+    """Issue 53: the Unsloth side runs in its own process like every side; where Unsloth is not installed
+    (this CPU) the variant's error names it, the report is still written, and the script exits 1."""
+    if importlib.util.find_spec("unsloth") is not None:
+        pytest.skip("unsloth is installed here: the side would try to load it")
+    assert speed.UNSLOTH_VARIANTS == {"unsloth": "unsloth", "unsloth-no-ckpt": False}
+    output = tmp_path / "speed.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "finetune_speed.py"), "--variants", "unsloth",
+         "--output", str(output), "--variant-timeout", "120"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(output.read_text(encoding="utf-8"))
+    assert "unsloth is not installed here" in report["variants"]["unsloth"]["error"], report["variants"]
+    assert "Traceback" not in report["variants"]["unsloth"]["error"]
