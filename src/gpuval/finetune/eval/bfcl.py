@@ -142,13 +142,14 @@ def value_ok(value: Any, answers: list[Any], spec: Any) -> bool:
         return value in answers
     if kind is float and type(value) is int:
         value = float(value)
-    typed, variable = _typed(value, answers, kind, _items_type(spec))
+    items = _items_type(spec)
+    typed, variable = _typed(value, answers, kind, items)
     if not typed:
         return False
     if not variable:
         if kind is dict:
             return _dict_ok(value, answers)
-        if kind is list and _items_type(spec) is dict:
+        if kind is list and items is dict:
             return _dicts_ok(value, answers)
         if kind is str:
             return standardise(value) in [standardise(a) for a in answers if type(a) is str]
@@ -194,11 +195,9 @@ def _same(value: Any, default: Any) -> bool:
     """A reference value equal to the schema's default, by JSON type and value."""
     if isinstance(value, bool) or isinstance(default, bool):
         return value is default
-    return (
-        type(value) is type(default)
-        and value == default
-        or (isinstance(value, int | float) and isinstance(default, int | float) and value == default)
-    )
+    if isinstance(value, int | float) and isinstance(default, int | float):
+        return value == default
+    return type(value) is type(default) and value == default
 
 
 def check_call(
