@@ -42,7 +42,13 @@ def finetune_synth(
     output: Annotated[Path, output_file("the records (JSONL, or a JSON list with --format json)")],
     seed: Annotated[int, typer.Option(metavar="N", help="same seed, same records")] = 0,
     format_: Annotated[
-        Literal["jsonl", "json"], typer.Option("--format", metavar="jsonl|json", help="file format")
+        Literal["jsonl", "json", "openai"],
+        typer.Option(
+            "--format",
+            metavar="jsonl|json|openai",
+            help="Glaive records as JSONL or a JSON list; openai: OpenAI tool-format JSONL whose calls carry "
+            "BFCL-style acceptable answers (other spellings of a value, optional parameters left out)",
+        ),
     ] = "jsonl",
     values: Annotated[
         Literal["all", "train", "holdout", "synthetic", "pieces"],
@@ -60,7 +66,8 @@ def finetune_synth(
         ),
     ] = "tiny",
 ) -> int:
-    """Synthetic function-calling records in Glaive v2's own format, quirks included."""
+    """Synthetic function-calling records in Glaive v2's own format, quirks included (or, with --format
+    openai, the same conversations in the OpenAI tool format with acceptable answers)."""
     from gpuval.finetune.data.synth import value_part, write_synth
 
     path = write_synth(n, output, seed, format_, value_part(values, tokenizer))

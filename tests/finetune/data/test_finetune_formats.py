@@ -554,3 +554,13 @@ def test_synth_records_converted_to_openai_format_prepare_identically(gpuval, tm
     calls = [m for r in openai for m in r["messages"] if m.get("tool_calls")]
     assert {type(m["tool_calls"][0]["function"]["arguments"]) for m in calls} == {str, dict}
     assert any(m["content"] for m in calls) and any(m["content"] is None for m in calls)
+    # synth's own OpenAI output: the same records once the acceptable answers its calls carry are set aside
+    args = ["--n", "400", "--seed", "7", "--format", "openai", "--output", "synth-openai.jsonl"]
+    assert gpuval(["finetune", "synth", *args], tmp_path).returncode == 0
+    args = ["--input", "synth-openai.jsonl", "--output", "synth.out", "--eval-fraction", "0.1", "--seed", "3"]
+    assert gpuval(["finetune", "prepare", *args], tmp_path).returncode == 0
+    for split in SPLIT_FILES:
+        prepared = _lines(tmp_path / "synth.out" / split)
+        made = [c for r in prepared for m in r["messages"] for c in m.get("tool_calls") or []]
+        assert made and all(isinstance(c.pop("acceptable"), dict) for c in made)
+        assert prepared == _lines(tmp_path / "glaive.jsonl.out" / split)

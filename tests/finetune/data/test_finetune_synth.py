@@ -11,10 +11,12 @@ import pytest
 
 from gpuval.finetune.data.catalogue import (
     ACCENTED,
+    ALIASES,
     BY_NAME,
     CATALOGUE,
     POOLS,
     MadeUp,
+    alternatives,
     draw,
     made_up_like,
     number_like,
@@ -22,7 +24,14 @@ from gpuval.finetune.data.catalogue import (
     pool_part,
 )
 from gpuval.finetune.data.glaive import convert_record
-from gpuval.finetune.data.synth import SYSTEM_NO_TOOLS, SYSTEM_WITH_TOOLS, rename_names, synth_records
+from gpuval.finetune.data.synth import (
+    SYSTEM_NO_TOOLS,
+    SYSTEM_WITH_TOOLS,
+    openai_record,
+    rename_names,
+    synth_record,
+    synth_records,
+)
 
 N = 600
 
@@ -272,3 +281,82 @@ def test_rename_names_with_no_function_share_keeps_every_function_name():
             assert not set(new_props) & set(old_props)
             seen += len(new_props)
     assert seen > 50
+
+
+def test_alternatives_are_other_spellings_of_listed_values_only():
+    assert alternatives("New York") == ("New York City", "NYC", "New York, NY")
+    assert alternatives("Kraków") == ("Krakow",)
+    assert alternatives("Côte d'Ivoire") == ("Cote d'Ivoire", "Ivory Coast")  # unaccented, then the alias
+    assert alternatives("Paris") == alternatives(12.5) == alternatives(True) == alternatives(["Oslo"]) == ()
+    assert alternatives("Krakóv") == ()  # a made-up value names nothing else, accents or not
+    listed = {v for pool in POOLS.values() if pool.text for v in (pool.value(i) for i in range(pool.size))}
+    assert set(ALIASES) <= listed
+    for value in listed:
+        found = alternatives(value)
+        assert value not in found and len(set(found)) == len(found) and all(a.isascii() for a in found[-1:])
+
+
+def _without_acceptable(record: dict) -> dict:
+    record = json.loads(json.dumps(record))
+    for message in record["messages"]:
+        for call in message.get("tool_calls") or []:
+            del call["acceptable"]
+    return record
+
+
+def test_openai_output_is_the_same_conversation_with_bfcl_answers(records):
+    """Each synth record in the OpenAI format prepares to what its Glaive form prepares to, its calls
+    carrying BFCL's answers: every argument given first with the catalogue's other spellings after it, and
+    `""` for every optional parameter left out; no parameter it gives is optional."""
+    from gpuval.finetune.data import openai_format
+
+    several = omitted = 0
+    for record in records:
+        converted = openai_record(record)
+        assert json.loads(json.dumps(converted)) == converted
+        prepared = openai_format.convert_record(converted)
+        assert _without_acceptable(prepared) == convert_record(record)
+        schemas = {tool["name"]: tool["parameters"] for tool in prepared["tools"]}
+        for call in (c for m in prepared["messages"] for c in m.get("tool_calls") or []):
+            parameters, given = schemas[call["name"]], call["arguments"]
+            optional = set(parameters["properties"]) - set(parameters["required"])
+            assert set(call["acceptable"]) == set(given) | optional
+            for name, answers in call["acceptable"].items():
+                assert answers == ([given[name], *alternatives(given[name])] if name in given else [""])
+                several += len(answers) > 1
+                omitted += answers == [""]
+    assert several >= 5 and omitted >= 50
+    ids = [m.get("tool_call_id") for m in openai_record(records[0])["messages"] if m["role"] == "tool"]
+    calls = [c["id"] for m in openai_record(records[0])["messages"] for c in m.get("tool_calls") or []]
+    assert ids == calls[: len(ids)]
+
+
+def test_another_spelling_passes_the_ast_score_only_where_the_record_lists_it():
+    """A model that answers "NYC" for "New York" is right by BFCL's rules when the reference lists the
+    alternative (synth's OpenAI output) and wrong when it cannot (the Glaive form); the strict score asks
+    for the reference's own value either way; a dropped optional argument fails both."""
+    from gpuval.finetune.data import openai_format
+    from gpuval.finetune.eval.scoring import examples_from_records, score
+
+    def first_call(record: dict) -> dict | None:
+        reply = next(m for m in record["messages"] if m["role"] == "assistant")
+        return reply["tool_calls"][0] if reply.get("tool_calls") else None
+
+    for index in range(5000):
+        glaive = convert_record(synth_record(0, index))
+        call = first_call(glaive)
+        if call and any(alternatives(v) for v in call["arguments"].values()):
+            break
+    else:
+        raise AssertionError("no call with a listed alternative in 5000 records")
+    listed = openai_format.convert_record(openai_record(synth_record(0, index)))
+    name, value = next((k, v) for k, v in call["arguments"].items() if alternatives(v))
+
+    def verdicts(arguments: dict) -> list[tuple[int, int]]:
+        text = "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": arguments}) + "\n</tool_call>"
+        found = [score(examples_from_records([r], [text])) for r in (listed, glaive)]
+        return [(s["ast_examples"], s["exact_examples"]) for s in found]
+
+    assert verdicts(call["arguments"]) == [(1, 1), (1, 1)]
+    assert verdicts({**call["arguments"], name: alternatives(value)[-1]}) == [(1, 0), (0, 0)]
+    assert verdicts({k: v for k, v in call["arguments"].items() if k != name}) == [(0, 0), (0, 0)]

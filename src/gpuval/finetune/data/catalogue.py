@@ -34,15 +34,17 @@ import functools
 import random
 import re
 import string
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuval.finetune.data.catalogue_data import BY_NAME, CATALOGUE, POOLS
+from gpuval.finetune.data.catalogue_data import ALIASES, BY_NAME, CATALOGUE, POOLS
 from gpuval.finetune.data.catalogue_types import FunctionSpec, Param, Pool
 
 __all__ = [
     "ACCENTED",
+    "ALIASES",
     "BY_NAME",
     "CATALOGUE",
     "HOLDOUT_EVERY",
@@ -53,6 +55,7 @@ __all__ = [
     "Pool",
     "ValuePart",
     "Values",
+    "alternatives",
     "draw",
     "made_up_like",
     "near_miss",
@@ -93,6 +96,31 @@ def pool_part(pool_name: str, part: ValuePart) -> list[Any]:
     """Every value of one part of a pool, in pool order (for tests and for documentation)."""
     pool = POOLS[pool_name]
     return [pool.value(_part_index(j, part)) for j in range(_part_size(pool, part))]
+
+
+def alternatives(value: Any) -> tuple[str, ...]:
+    """Other spellings that name what the listed text value `value` names, for a reference's acceptable
+    answers (synth's OpenAI output): its ALIASES, then each of those and the value itself without accents
+    ("Kraków" -> "Krakow"), none twice and never the value itself. A made-up value (the synthetic part)
+    names nothing else, and a number, boolean or list has no other spelling: none for them."""
+    if not isinstance(value, str) or value not in _listed_texts():
+        return ()
+    found: list[str] = []
+    for spelling in (value, *ALIASES.get(value, ())):
+        for candidate in (spelling, _unaccented(spelling)):
+            if candidate != value and candidate not in found:
+                found.append(candidate)
+    return tuple(found)
+
+
+@functools.cache
+def _listed_texts() -> frozenset[str]:
+    return frozenset(pool.value(i) for pool in POOLS.values() if pool.text for i in range(pool.size))
+
+
+def _unaccented(text: str) -> str:
+    """`text` with its accents removed: decomposed (NFKD) and the combining marks dropped."""
+    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
 
 
 def made_up_like(example: str, rng: random.Random) -> str:

@@ -179,6 +179,23 @@ POOLS: dict[str, Pool] = {
 }
 # fmt: on
 
+# Other spellings of a listed value that mean the same thing to anyone reading the request (BFCL's ground
+# truth lists such alternatives per parameter: "San Francisco, CA" and "SF"). A value with a letter
+# outside ASCII is also accepted without its accents (catalogue.alternatives).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "New York": ("New York City", "NYC", "New York, NY"),
+    "St. John's": ("Saint John's", "St John's"),
+    "Xi'an": ("Xian",),
+    "Buenos Aires": ("Buenos Aires, Argentina",),
+    "Cape Town": ("Cape Town, South Africa",),
+    "United States": ("USA", "US", "United States of America"),
+    "Côte d'Ivoire": ("Ivory Coast",),
+    "The Beatles": ("Beatles",),
+    "Guns N' Roses": ("Guns N Roses", "Guns and Roses"),
+    "Eagles": ("The Eagles",),
+    "https://www.wikipedia.org": ("https://wikipedia.org",),
+}
+
 
 def _req(name: str, kind: Any, description: str, pool: str = "", **extra: Any) -> Param:
     return Param(name, kind, description, pool, **extra)

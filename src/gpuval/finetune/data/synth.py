@@ -7,6 +7,9 @@ no functions. Quirks: arguments as a JSON object in single quotes (apostrophes a
 inside), occasionally a raw object instead, a call with no "arguments" key when there are none, and an
 occasionally repeated consecutive turn.
 
+`openai_record` writes one in the OpenAI tool format instead, its calls carrying BFCL-style acceptable
+answers: the catalogue's other spellings of a value and the optional parameters a call may leave out.
+
 Record `i` of seed `s` depends on (s, i) alone: `--n 10` is a prefix of `--n 1000`. Argument values come
 from the pools of `catalogue.py`; `values="train"` / `"holdout"` draw from disjoint parts of every pool.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpuval import jsonl
-from gpuval.finetune.data.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, draw
+from gpuval.finetune.data.catalogue import CATALOGUE, FunctionSpec, MadeUp, Param, Values, alternatives, draw
 
 SYSTEM_WITH_TOOLS = (
     "SYSTEM: You are a helpful assistant with access to the following functions. Use them if required -"
@@ -269,15 +272,59 @@ def rename_names(
     return {"system": system_prompt(schemas), "chat": chat}
 
 
-def render_records(records: list[dict[str, str]], fmt: Literal["jsonl", "json"]) -> str:
+def openai_record(record: dict[str, str]) -> dict[str, Any]:
+    """A synthetic Glaive record in the OpenAI tool format (docs/openai-tool-format.md): the same
+    conversation, call ids linking each call to its response, and every call carrying `acceptable`, BFCL's
+    possible answers for it (docs/function-calling-eval.md): each argument it gives, with the catalogue's
+    other spellings of that value (catalogue.alternatives), and `""` ("may be left out") for each optional
+    parameter it does not give."""
+    from gpuval.finetune.data.glaive import convert_record
+
+    converted = convert_record(record)
+    schemas = {schema["name"]: schema for schema in converted["tools"]}
+    messages: list[dict[str, Any]] = []
+    ids: list[str] = []  # calls not yet answered, oldest first
+    for message in converted["messages"]:
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                ids.append(f"call_{len(messages)}_{len(calls)}")
+                calls.append(_openai_call(call, schemas[call["name"]], ids[-1]))
+            message = {"role": "assistant", "content": message["content"] or None, "tool_calls": calls}
+        elif message["role"] == "tool" and ids:
+            message = {**message, "tool_call_id": ids.pop(0)}
+        messages.append(message)
+    tools = [{"type": "function", "function": schema} for schema in converted["tools"]]
+    return {"messages": messages, **({"tools": tools} if tools else {})}
+
+
+def _openai_call(call: dict[str, Any], schema: dict[str, Any], call_id: str) -> dict[str, Any]:
+    parameters = schema.get("parameters") or {}
+    required = set(parameters.get("required") or ())
+    arguments = call["arguments"]
+    acceptable: dict[str, list[Any]] = {}
+    for name in parameters.get("properties") or {}:
+        if name in arguments:
+            acceptable[name] = [arguments[name], *alternatives(arguments[name])]
+        elif name not in required:
+            acceptable[name] = [""]
+    function = {"name": call["name"], "arguments": json.dumps(arguments, ensure_ascii=False)}
+    return {"id": call_id, "type": "function", "function": function, "acceptable": acceptable}
+
+
+Format = Literal["jsonl", "json", "openai"]
+
+
+def render_records(records: list[dict[str, str]], fmt: Format) -> str:
+    """Glaive records as JSONL or a JSON list, or as OpenAI tool-format JSONL (`openai_record`)."""
+    if fmt == "openai":
+        return jsonl.dump_lines([openai_record(record) for record in records])
     if fmt == "json":
         return json.dumps(records, indent=2, ensure_ascii=False) + "\n"
     return jsonl.dump_lines(records)
 
 
-def write_synth(
-    n: int, output: Path, seed: int = 0, fmt: Literal["jsonl", "json"] = "jsonl", values: Values = "all"
-) -> Path:
+def write_synth(n: int, output: Path, seed: int = 0, fmt: Format = "jsonl", values: Values = "all") -> Path:
     """Synthesise `n` records into `output` (written atomically); bad paths are usage errors."""
     from gpuval.atomic import ensure_writable_dir, write_text_atomic
     from gpuval.errors import UsageError
