@@ -13,3 +13,5 @@ fi
 export PYTHONUNBUFFERED=1
 # FlashAttention-4, where its chunks were carried in this call or earlier calls on this machine (fa4_env.sh)
 source "$(dirname "${BASH_SOURCE[0]}")/fa4_env.sh"
+# Unsloth, where its chunks were carried (unsloth_env.sh; benchmarks/finetune_speed_unsloth.py)
+source "$(dirname "${BASH_SOURCE[0]}")/unsloth_env.sh"
