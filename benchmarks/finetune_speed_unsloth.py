@@ -42,6 +42,7 @@ def import_unsloth() -> Any:
         raise SystemExit("unsloth is not installed here: carry unsloth, unsloth_zoo and their wheels")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local folder only: no hub lookups, no statistics
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")  # its usage statistics: a hub download
     try:
         from unsloth import FastLanguageModel
     except Exception as exc:  # noqa: BLE001 - a missing dependency or an unsupported torch: say which
