@@ -20,17 +20,17 @@ fi
 [ -d before/src ] || { echo "no before/: run --prepare COMMIT here first and carry it" >&2; exit 2; }
 source "$(dirname "$0")/device_env.sh"
 exec > >(tee "$OUT/log.txt") 2>&1
-site=${PYTHONPATH%%:*}
-[ "$site" = "$PWD/src" ] && site=""
+# what device_env.sh put on PYTHONPATH (carried wheels, Unsloth, FA4) but this tree's src: each side adds its own
+site=$(tr ':' '\n' <<<"$PYTHONPATH" | grep -vx "$PWD/src" | paste -sd: -)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' | tee "$OUT/versions.txt"
 echo "before: $(cat before/COMMIT); after: this tree" | tee -a "$OUT/versions.txt"
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for side in before after; do
-    dir=$PWD
-    [ "$side" = before ] && dir=$PWD/before
+    dir=$PWD commit=${GPUVAL_COMMIT:-}  # the after side's: pass GPUVAL_COMMIT (a device's .git can be stale)
+    [ "$side" = before ] && dir=$PWD/before commit=$(cat before/COMMIT)
     echo "=== $side, round $round ($(date -u +%T))"
-    (cd "$dir" && PYTHONPATH="${site:+$site:}$dir/src" python3 benchmarks/finetune_speed.py \
+    (cd "$dir" && GPUVAL_COMMIT=$commit PYTHONPATH="${site:+$site:}$dir/src" python3 benchmarks/finetune_speed.py \
       --output "$OUT/$side-$round.json" --steps "${STEPS:-6}" --warmup 2 --variants "${VARIANTS:-gpuval}" \
       --variant-timeout 140 2>&1 | tail -4)
   done
