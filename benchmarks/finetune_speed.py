@@ -174,7 +174,9 @@ def main() -> int:
     parser.add_argument("--variant-timeout", type=int, default=300, help="seconds a variant may take")
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     parser.add_argument("--output", type=Path, required=True)
-    parser.add_argument("--profile", help="profile this variant too: trace, operator table beside --output")
+    parser.add_argument(
+        "--profile", help="profile these variants too (comma-separated): a trace and operator table each"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant, print its JSON
     args = parser.parse_args()
     if args.one:
@@ -185,7 +187,7 @@ def main() -> int:
     for name in args.variants.split(","):
         print(f"=== {name}", flush=True)
         command = [sys.executable, __file__, "--one", name, "--output", str(args.output)]
-        if name == args.profile:
+        if name in profiled(args):
             command += ["--profile", name]
         for flag in SUBPROCESS_FLAGS:
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
@@ -341,6 +343,15 @@ def _tail(output: str) -> str:
     return " | ".join(output.strip().splitlines()[-5:])
 
 
+def profiled(args: argparse.Namespace) -> list[str]:
+    """The variants `--profile` names."""
+    return [name for name in (args.profile or "").split(",") if name]
+
+
+def profile_dir(args: argparse.Namespace, name: str) -> Path:
+    return args.output.resolve().parent / f"profile-{name}"
+
+
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name == "seeds":
         return run_seeds(args)
@@ -349,7 +360,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name in UNSLOTH_VARIANTS:
         from finetune_speed_unsloth import run_unsloth  # beside this script; Unsloth imported there only
 
-        return run_unsloth(args, checkpointing=UNSLOTH_VARIANTS[name])
+        profile = profile_dir(args, name) if name in profiled(args) else None
+        return run_unsloth(args, checkpointing=UNSLOTH_VARIANTS[name], profile=profile)
     if name not in VARIANTS:
         known = ", ".join(["seeds", *TRL_VARIANTS, *UNSLOTH_VARIANTS, *VARIANTS])
         raise SystemExit(f"unknown variant {name!r}; known: {known}")
@@ -368,8 +380,8 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.sequences_per_step % micro:
         raise SystemExit(f"--sequences-per-step {args.sequences_per_step} is not a multiple of {micro}")
     options["grad_accum_steps"] = args.sequences_per_step // micro
-    if args.profile == name:  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
-        options["profile_dir"] = str(args.output.resolve().parent / f"profile-{name}")
+    if name in profiled(args):  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
+        options["profile_dir"] = str(profile_dir(args, name))
     with tempfile.TemporaryDirectory() as folder:
         out, summary_to = Path(folder) / "train.json", Path(folder) / "summary.json"
         options["summary_to"] = str(summary_to)  # train()'s summary: every step's loss
@@ -445,7 +457,8 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     model = get_peft_model(model, recipe_lora())
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    times, losses = manual_steps(model, trainable, input_ids, labels, 2, args.warmup + args.steps)
+    profile = profile_dir(args, "seeds") if "seeds" in profiled(args) else None
+    times, losses = manual_steps(model, trainable, input_ids, labels, 2, args.warmup + args.steps, profile)
     params = {
         "micro_batch_size": 2,
         "grad_accum_steps": accumulation,
@@ -456,20 +469,26 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def manual_steps(
-    model: Any, trainable: list[Any], input_ids: Any, labels: Any, per_device: int, total_steps: int
+    model: Any,
+    trainable: list[Any],
+    input_ids: Any,
+    labels: Any,
+    per_device: int,
+    total_steps: int,
+    profile_dir: Path | None = None,
 ) -> tuple[list[float], list[float]]:
     """The seeds' loop, also the Unsloth side's: every step the whole global batch (`input_ids` rows) in
     micro-batches of `per_device` rows, the loss averaged over them, clipping at 1, torch's fused AdamW at
-    LR on gpuval's schedule. Returns each step's seconds (CUDA events) and loss."""
+    LR on gpuval's schedule. Returns each step's seconds (CUDA events) and loss. With `profile_dir`, two
+    more steps after those run under torch's profiler, out of the timing, and leave trace.json and
+    operators.txt there as gpuval's own profiled steps do (train.log.profile_steps)."""
     import torch
 
     accumulation = len(input_ids) // per_device
     optimizer = torch.optim.AdamW(trainable, lr=LR, fused=True)
     schedule = seeds_schedule(optimizer, total_steps)
-    losses, times = [], []
-    for _step in range(total_steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def step() -> Any:
         step_loss = torch.zeros((), device=input_ids.device)  # summed on the GPU: no sync inside the step
         for micro in range(accumulation):  # the loss averaged over the micro-batches
             rows = slice(per_device * micro, per_device * micro + per_device)
@@ -481,10 +500,24 @@ def manual_steps(
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
+        return step_loss
+
+    losses, times = [], []
+    for _step in range(total_steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step_loss = step()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
         losses.append(float(step_loss))
+    if profile_dir is not None:
+        from gpuval.finetune.trainer import start_profiler, stop_profiler
+
+        profiler = start_profiler(on_gpu=True, with_stack=False)
+        for _step in range(2):
+            step()
+        stop_profiler(profiler, profile_dir, on_gpu=True)
     return times, losses
 
 

@@ -65,8 +65,11 @@ def save_random_model(args: argparse.Namespace, folder: Path) -> None:
     torch.cuda.empty_cache()
 
 
-def run_unsloth(args: argparse.Namespace, checkpointing: bool | str) -> dict[str, Any]:
-    """The Unsloth side (module docstring): tokens/s, MFU, peak memory and every step's loss."""
+def run_unsloth(
+    args: argparse.Namespace, checkpointing: bool | str, profile: Path | None = None
+) -> dict[str, Any]:
+    """The Unsloth side (module docstring): tokens/s, MFU, peak memory and every step's loss; with `profile`,
+    two more steps profiled into that folder (finetune_speed.manual_steps)."""
     fast = import_unsloth()
     import torch
 
@@ -101,7 +104,7 @@ def run_unsloth(args: argparse.Namespace, checkpointing: bool | str) -> dict[str
     )
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    times, losses = manual_steps(model, trainable, input_ids, label_ids, 2, args.warmup + args.steps)
+    times, losses = manual_steps(model, trainable, input_ids, label_ids, 2, args.warmup + args.steps, profile)
     import unsloth
 
     params = {

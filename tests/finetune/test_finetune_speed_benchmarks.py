@@ -236,6 +236,16 @@ def test_a_gpuval_side_carries_every_steps_loss_from_bench_train():
     assert "summary_to" not in result["options"]  # a temporary file, not part of the settings
 
 
+def test_profile_names_several_variants_each_profiled_into_its_own_folder_beside_the_output(tmp_path):
+    """`--profile seeds,unsloth-no-ckpt`: each named side (and only those) is profiled, every one into
+    profile-NAME beside the report, so that two sides' operator tables can be read side by side."""
+    args = argparse.Namespace(profile="seeds,unsloth-no-ckpt", output=tmp_path / "run" / "speed.json")
+    assert speed.profiled(args) == ["seeds", "unsloth-no-ckpt"]
+    assert "unsloth" not in speed.profiled(args)
+    assert speed.profile_dir(args, "seeds") == (tmp_path / "run" / "profile-seeds").resolve()
+    assert speed.profiled(argparse.Namespace(profile=None, output=args.output)) == []
+
+
 @pytest.mark.slow
 def test_a_variant_past_its_time_is_killed_with_the_processes_it_started():
     """bench train starts ranks of its own: a timed-out variant must not leave them holding the GPU."""

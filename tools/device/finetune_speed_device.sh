@@ -7,7 +7,8 @@
 # Carry .whl (pydantic, liger-kernel, trl, datasets, dill, multiprocess); the device image is expected to have
 # datasets' other needs (pyarrow, pandas, xxhash): the first lines of the log say whether it does.
 # Writes under $OUT: finetune-speed.json, finetune-speed-log.txt, fp8-loss.json, fp8-loss-log.txt, and with
-# --profile VARIANT: profile-VARIANT/{trace.json.gz,operators.txt}. Arguments go to finetune_speed.py.
+# --profile VARIANT[,VARIANT...]: profile-VARIANT/{trace.json.gz,operators.txt} each (the seeds', Unsloth's and
+# gpuval's sides alike). Arguments go to finetune_speed.py.
 # FP8_LOSS=0 leaves the loss benchmark out; a run short of time stops it at the call's 600 s (both JSON files
 # are rewritten after every variant or run, so what finished is kept).
 set -uo pipefail

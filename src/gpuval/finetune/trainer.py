@@ -211,7 +211,7 @@ def train(
     while upcoming is not None:
         with phase(f"train step {step + 1}", step_expected_s(step_seconds)):
             if t.log.profile_steps and step == PROFILE_AFTER and runtime.is_main:
-                profiler = _start_profiler(runtime.on_gpu, t.log.profile_stack)
+                profiler = start_profiler(runtime.on_gpu, t.log.profile_stack)
             started = time.perf_counter()
             if runtime.on_gpu:  # GPU time of the step from CUDA events; the host clock on a CPU
                 events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -261,7 +261,7 @@ def train(
             # collective).
             reduced = torch.stack([loss_sum, parallel.nonfinite_weights().to(loss_sum)])
             if profiler is not None and step == PROFILE_AFTER + t.log.profile_steps:
-                _stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
+                stop_profiler(profiler, output / PROFILE, runtime.on_gpu)
                 profiler = None
             dist.all_reduce(reduced)
             numbers = torch.cat([reduced, torch.as_tensor(grad_norm).to(reduced).reshape(1), current.counts])
@@ -317,7 +317,7 @@ def train(
     return summary
 
 
-def _start_profiler(on_gpu: bool, with_stack: bool) -> Any:
+def start_profiler(on_gpu: bool, with_stack: bool) -> Any:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
@@ -326,7 +326,7 @@ def _start_profiler(on_gpu: bool, with_stack: bool) -> Any:
     return profiler
 
 
-def _stop_profiler(profiler: Any, folder: Path, on_gpu: bool) -> None:
+def stop_profiler(profiler: Any, folder: Path, on_gpu: bool) -> None:
     """A Chrome/Perfetto trace of the profiled steps and a table of the operators by device time."""
     if on_gpu:
         torch.cuda.synchronize()
