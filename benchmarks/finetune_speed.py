@@ -348,8 +348,9 @@ def profiled(args: argparse.Namespace) -> list[str]:
     return [name for name in (args.profile or "").split(",") if name]
 
 
-def profile_dir(args: argparse.Namespace, name: str) -> Path:
-    return args.output.resolve().parent / f"profile-{name}"
+def profile_dir(args: argparse.Namespace, name: str) -> Path | None:
+    """Where variant `name`'s profile goes (profile-NAME beside the report), or None when not profiled."""
+    return args.output.resolve().parent / f"profile-{name}" if name in profiled(args) else None
 
 
 def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -360,8 +361,7 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if name in UNSLOTH_VARIANTS:
         from finetune_speed_unsloth import run_unsloth  # beside this script; Unsloth imported there only
 
-        profile = profile_dir(args, name) if name in profiled(args) else None
-        return run_unsloth(args, checkpointing=UNSLOTH_VARIANTS[name], profile=profile)
+        return run_unsloth(args, checkpointing=UNSLOTH_VARIANTS[name], profile=profile_dir(args, name))
     if name not in VARIANTS:
         known = ", ".join(["seeds", *TRL_VARIANTS, *UNSLOTH_VARIANTS, *VARIANTS])
         raise SystemExit(f"unknown variant {name!r}; known: {known}")
@@ -380,8 +380,9 @@ def run_one(name: str, args: argparse.Namespace) -> dict[str, Any]:
     if args.sequences_per_step % micro:
         raise SystemExit(f"--sequences-per-step {args.sequences_per_step} is not a multiple of {micro}")
     options["grad_accum_steps"] = args.sequences_per_step // micro
-    if name in profiled(args):  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
-        options["profile_dir"] = str(profile_dir(args, name))
+    profile = profile_dir(args, name)  # beside the output: OUTPUT_DIR/profile-NAME/{trace.json,operators.txt}
+    if profile is not None:
+        options["profile_dir"] = str(profile)
     with tempfile.TemporaryDirectory() as folder:
         out, summary_to = Path(folder) / "train.json", Path(folder) / "summary.json"
         options["summary_to"] = str(summary_to)  # train()'s summary: every step's loss
@@ -457,7 +458,7 @@ def run_seeds(args: argparse.Namespace) -> dict[str, Any]:
     model = get_peft_model(model, recipe_lora())
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    profile = profile_dir(args, "seeds") if "seeds" in profiled(args) else None
+    profile = profile_dir(args, "seeds")
     times, losses = manual_steps(model, trainable, input_ids, labels, 2, args.warmup + args.steps, profile)
     params = {
         "micro_batch_size": 2,

@@ -44,7 +44,11 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="finished `gpuval finetune run` output folders")
     args = parser.parse_args()
     for run in args.runs:
-        print(json.dumps({"run": str(run), "splits": rescore(run)}))
+        try:
+            splits = rescore(run)
+        except (OSError, ValueError, KeyError) as error:  # not a finished run's folder: say which
+            raise SystemExit(f"{run}: not a finished fine-tune run ({error})") from None
+        print(json.dumps({"run": str(run), "splits": splits}))
 
 
 if __name__ == "__main__":
