@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -463,3 +464,38 @@ def test_bench_lists_every_option_with_what_it_does_at_80_columns(gpuval, tmp_pa
             assert description, f"{benchmark.name}: option {field} says nothing"
             row = next(line for line in section if line.startswith(f"  {field} "))
             assert description.split()[0] in row, (field, row)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["accept", "--quick"],
+        ["accept", "--quick", "--nproc", "2"],
+        ["bench", "matmul"],
+        ["health"],
+    ],
+    ids=["accept", "accept-2-ranks", "bench", "health"],
+)
+def test_a_refusal_on_a_cpu_build_of_torch_never_imports_torch(args, tmp_path):
+    """torch's import takes 2-3 s of a small machine's CPU: a command refused for bad input says so before
+    anything imports it where torch is a CPU build (which sees no GPU without being asked)."""
+    from conftest import cli_env
+
+    from gpuval.discover.gpus import cpu_build_of_torch
+
+    if not cpu_build_of_torch():
+        pytest.skip("a CUDA build of torch: whether CUDA can use a GPU is torch's to say")
+    (tmp_path / "file").write_text("", encoding="utf-8")
+    refused = [*args, "--history", str(tmp_path / "file" / "history.sqlite")]
+    if args[0] != "accept":
+        refused = [*args, "--output", str(tmp_path / "file" / "out")]
+    child = (
+        "import runpy, sys\n"
+        f"sys.argv = ['gpuval', *{refused!r}]\n"
+        "try:\n    runpy.run_module('gpuval', run_name='__main__')\n"
+        "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.stderr.startswith("gpuval: "), proc.stderr
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr

@@ -375,7 +375,12 @@ def worker_start() -> None:
 
 
 def on_gpu() -> bool:
-    """CUDA can use a GPU here (torch imported only when a command needs to know)."""
+    """CUDA can use a GPU here. torch is imported only when a command needs to know, and not at all where it
+    is a CPU build (2-3 s saved on a refusal); once imported, torch itself answers."""
+    from gpuval.discover.gpus import cpu_build_of_torch
+
+    if "torch" not in sys.modules and cpu_build_of_torch():
+        return False
     import torch
 
     return torch.cuda.is_available()
@@ -386,9 +391,9 @@ def default_nproc(gpus_expected: bool = False, cpu_ranks: int = 2) -> int:
     the PCI bus or NVML show GPUs that CUDA cannot use, or the profile expects some (health says why, and no
     benchmark runs on the CPU in their place). The fine-tune asks for one CPU rank: ranks there would share
     the machine's few cores."""
-    import torch
+    if on_gpu():
+        import torch
 
-    if torch.cuda.is_available():
         return torch.cuda.device_count()
     if cpu_ranks <= 1:
         return 1
@@ -399,9 +404,11 @@ def default_nproc(gpus_expected: bool = False, cpu_ranks: int = 2) -> int:
 
 def check_gpus_for(ranks: int) -> None:
     """More local ranks than GPUs would put two ranks on one GPU (NCCL refuses): say so before starting."""
+    if not on_gpu():
+        return
     import torch
 
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = torch.cuda.device_count()
     if visible and ranks > visible:
         raise UsageError(
             f"--nproc {ranks} asks for more ranks than the {visible} GPU(s) visible here; "

@@ -9,6 +9,15 @@ from gpuval.discover.pci import nvidia_gpus
 from gpuval.nvml import Nvml, available
 
 
+def cpu_build_of_torch() -> bool:
+    """Whether the installed torch is a CPU build (its version.py names no CUDA), found without importing
+    it; False when that cannot be told, so that the caller asks torch itself."""
+    from gpuval.discover.software import torch_build
+
+    build = torch_build()
+    return build is not None and build.get("cuda") is None
+
+
 def local_gpu_names() -> list[str]:
     """GPU names through NVML (no CUDA context in this process), else through torch."""
     nvml = Nvml()
@@ -19,7 +28,9 @@ def local_gpu_names() -> list[str]:
             return [name for name in names if available(name)]
     finally:
         nvml.shutdown()
-    import torch  # no driver, no library: what torch sees (nothing on a CPU machine)
+    if cpu_build_of_torch():
+        return []  # no driver, no library, and a torch that sees no GPU: not importing it saves seconds
+    import torch  # no driver, no library: what torch sees
 
     if not torch.cuda.is_available():
         return []
@@ -38,10 +49,7 @@ def gpus_here() -> str | None:
 
 def torch_gpus() -> list[dict[str, Any]]:
     """CUDA devices as torch sees them (CUDA_VISIBLE_DEVICES applies), with the keys NVML's list has."""
-    from gpuval.discover.software import torch_build
-
-    build = torch_build()
-    if build is not None and build.get("cuda") is None:
+    if cpu_build_of_torch():
         return []  # a CPU build of torch sees no GPU; not importing it saves seconds
     try:
         import torch
