@@ -473,6 +473,24 @@ def run_cli(
     )
 
 
+def cli_imports_torch(args: list[str], cwd: Path) -> tuple[int, str, bool]:
+    """`gpuval ARGS` in a child process that says at its end whether anything imported torch: (its exit
+    code, its stderr, whether torch was imported). What needs no tensor should not pay torch's 2-3 s."""
+    child = (
+        "import runpy, sys\n"
+        f"sys.argv = ['gpuval', *{[str(a) for a in args]!r}]\n"
+        "code = 0\n"
+        "try:\n    runpy.run_module('gpuval', run_name='__main__')\n"
+        "except SystemExit as exit:\n    code = exit.code\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", child], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    code, imported = proc.stdout.split()[-2:]
+    return int(code), proc.stderr, imported == "True"
+
+
 @pytest.fixture(scope="session")
 def gpuval() -> Callable[..., subprocess.CompletedProcess[str]]:
     """gpuval(args, cwd) -> CompletedProcess; session-scoped so module-scoped fixtures can use it."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -479,7 +478,7 @@ def test_bench_lists_every_option_with_what_it_does_at_80_columns(gpuval, tmp_pa
 def test_a_refusal_on_a_cpu_build_of_torch_never_imports_torch(args, tmp_path):
     """torch's import takes 2-3 s of a small machine's CPU: a command refused for bad input says so before
     anything imports it where torch is a CPU build (which sees no GPU without being asked)."""
-    from conftest import cli_env
+    from conftest import cli_imports_torch
 
     from gpuval.discover.gpus import cpu_build_of_torch
 
@@ -489,13 +488,6 @@ def test_a_refusal_on_a_cpu_build_of_torch_never_imports_torch(args, tmp_path):
     refused = [*args, "--history", str(tmp_path / "file" / "history.sqlite")]
     if args[0] != "accept":
         refused = [*args, "--output", str(tmp_path / "file" / "out")]
-    child = (
-        "import runpy, sys\n"
-        f"sys.argv = ['gpuval', *{refused!r}]\n"
-        "try:\n    runpy.run_module('gpuval', run_name='__main__')\n"
-        "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", child], cwd=tmp_path, env=cli_env(), capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert proc.stderr.startswith("gpuval: "), proc.stderr
-    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+    code, stderr, imported = cli_imports_torch(refused, tmp_path)
+    assert stderr.startswith("gpuval: "), stderr
+    assert (code, imported) == (2, False), stderr

@@ -19,14 +19,15 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gpuval.atomic import fsync_dir, fsync_tree
 from gpuval.errors import UsageError
 from gpuval.finetune.template import chat_template_for
 from gpuval.runtime import Runtime
+
+if TYPE_CHECKING:  # torch is imported where it is used: an export refused for bad input never loads it
+    import torch
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PREFIX = "step-"
@@ -177,11 +178,15 @@ def _b64(tensor: torch.Tensor) -> str:
 
 
 def _bytes_tensor(text: str) -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=torch.uint8)
 
 
 def _rng_state() -> dict[str, Any]:
     """Python's, torch's (CPU and every CUDA device) and numpy's global RNG states as plain JSON values."""
+    import torch
+
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "python": [version, list(internal), gauss],
@@ -201,6 +206,8 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     """What _rng_state wrote; a value of the wrong shape raises TypeError, ValueError or RuntimeError."""
+    import torch
+
     if not isinstance(state, dict):
         raise TypeError("not a JSON object")
     version, internal, gauss = state["python"]

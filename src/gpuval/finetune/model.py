@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gpuval.errors import UsageError, first_line
+
+if TYPE_CHECKING:
+    import torch
 
 TINY_NAME = "tiny"  # `model: tiny` in a config means the bundled folder
 TINY_MODEL_DIR = Path(__file__).parent / "tiny_model"  # built by tools/tiny_model.py
@@ -63,14 +64,16 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
 
 
 def load_model(
-    path_or_name: str | Path, dtype: torch.dtype = torch.bfloat16, device: torch.device | None = None
+    path_or_name: str | Path, dtype: torch.dtype | None = None, device: torch.device | None = None
 ) -> Any:
     """`AutoModelForCausalLM.from_pretrained` where there are weights; a folder with only config.json (the
     shapes) gets `from_config` weights drawn with a fixed seed, without touching the
     global RNG. `device`: where a weightless model is built (a 7B shape is initialised on the GPU in
     seconds; on the CPU in minutes); loaded weights stay on the CPU for the caller to move."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    dtype = torch.bfloat16 if dtype is None else dtype  # bfloat16 unless the caller names one
     source = resolve_model(path_or_name)
     try:
         if Path(source).is_dir() and not has_weights(source):
@@ -161,4 +164,6 @@ def token_ids(tokenizer: Any, tokens: list[str]) -> list[int]:
 
 
 def _is_linear(module: torch.nn.Module) -> bool:
+    import torch
+
     return isinstance(module, torch.nn.Linear)

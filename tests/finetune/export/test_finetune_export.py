@@ -265,6 +265,19 @@ def test_bad_export_input_is_one_line_exit_2_and_writes_nothing(tmp_path, gpuval
     assert (tmp_path / "full" / "keep.txt").read_text(encoding="utf-8") == "mine"
 
 
+def test_an_export_that_copies_and_one_refused_never_import_torch(run, tmp_path):
+    """Copying the adapter folder and refusing bad input read files and headers alone: neither imports
+    torch (2-3 s of a small machine's CPU); only --merge loads a model."""
+    from conftest import cli_imports_torch
+
+    code, stderr, imported = cli_imports_torch(["finetune", "export", run, tmp_path / "served"], tmp_path)
+    assert (code, imported) == (0, False), stderr
+    assert (tmp_path / "served" / "adapter_model.safetensors").is_file()
+    code, stderr, imported = cli_imports_torch(["finetune", "export", run, tmp_path / "served"], tmp_path)
+    assert "already exists and is not an empty folder" in stderr
+    assert (code, imported) == (2, False), stderr
+
+
 @pytest.mark.slow
 def test_a_merge_onto_another_base_is_one_line_and_leaves_no_folder(run, tmp_path, gpuval):
     # A base of another width: refused before a model loads (export.adapter.check_fits), with no loading bar

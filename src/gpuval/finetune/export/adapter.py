@@ -145,7 +145,8 @@ def read_header(folder: Path) -> dict[str, tuple[str, list[int]]]:
             + "; copy in the weights training wrote"
         )
     try:
-        with safe_open(str(path), framework="pt") as weights:
+        # numpy's side: the header alone is read, with no tensor made, and torch is not imported for it
+        with safe_open(str(path), framework="numpy") as weights:
             tensors = {}
             for name in weights.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
                 part = weights.get_slice(name)

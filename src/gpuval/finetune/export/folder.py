@@ -18,15 +18,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gpuval.atomic import fsync_dir, fsync_tree, missing_folders, remove_empty_folders
 from gpuval.errors import UsageError, first_line
 from gpuval.finetune.checkpoint import FINAL_ADAPTER, save_tokenizer
 from gpuval.finetune.export.adapter import ADAPTER_CONFIG, BASE_KEY, Adapter, check_adapter, check_fits
 from gpuval.finetune.model import TOKENIZER_FILES, load_model, load_tokenizer, resolve_model
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = ("bfloat16", "float32")  # torch's names: torch is imported only to merge
 
 
 def find_adapter(source: Path) -> Adapter:
@@ -105,7 +103,7 @@ def export(
         target.parent.mkdir(parents=True, exist_ok=True)
         temp.mkdir()  # an unwritable place is refused here, before a model loads
         if merge:
-            write_merged(adapter, base, DTYPES[dtype], temp)
+            write_merged(adapter, base, dtype, temp)
         else:
             shutil.copytree(adapter, temp, dirs_exist_ok=True)
             if not has_tokenizer(adapter):
@@ -126,12 +124,14 @@ def export(
     return adapter, base
 
 
-def write_merged(adapter: Path, base: str, dtype: torch.dtype, folder: Path) -> None:
-    """The base with the adapter merged into its weights, the tokenizer and training's chat template."""
+def write_merged(adapter: Path, base: str, dtype: str, folder: Path) -> None:
+    """The base with the adapter merged into its weights (`dtype`: one of DTYPES), the tokenizer and
+    training's chat template."""
+    import torch
     from peft import PeftModel
 
     tokenizer = servable_tokenizer(adapter, base)  # a base without tokenizer fails before the model loads
-    model = load_model(base, dtype)  # gpuval's loader: a folder, a hub name, `tiny` or a shape
+    model = load_model(base, getattr(torch, dtype))  # a folder, a hub name, `tiny` or a shape
     try:
         merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     except Exception as exc:  # noqa: BLE001 - shapes or names that differ: PEFT raises many kinds
