@@ -265,6 +265,7 @@ def test_bad_export_input_is_one_line_exit_2_and_writes_nothing(tmp_path, gpuval
     assert (tmp_path / "full" / "keep.txt").read_text(encoding="utf-8") == "mine"
 
 
+@pytest.mark.slow  # the module's training run, then two gpuval processes
 def test_an_export_that_copies_and_one_refused_never_import_torch(run, tmp_path):
     """Copying the adapter folder and refusing bad input read files and headers alone: neither imports
     torch (2-3 s of a small machine's CPU); only --merge loads a model."""
