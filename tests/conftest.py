@@ -477,10 +477,10 @@ def cli_imports_torch(args: list[str], cwd: Path) -> tuple[int, str, bool]:
     """`gpuval ARGS` in a child process that says at its end whether anything imported torch: (its exit
     code, its stderr, whether torch was imported). What needs no tensor should not pay torch's 2-3 s."""
     child = (
-        "import runpy, sys\n"
+        "import sys\n"
         f"sys.argv = ['gpuval', *{[str(a) for a in args]!r}]\n"
         "code = 0\n"
-        "try:\n    runpy.run_module('gpuval', run_name='__main__')\n"
+        "try:\n    from gpuval.cli import main\n    main()\n"  # the program, less its exit (gpuval.exiting)
         "except SystemExit as exit:\n    code = exit.code\n"
         "print(code, 'torch' in sys.modules)\n"
     )

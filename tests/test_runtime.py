@@ -420,6 +420,58 @@ def test_leave_process_keeps_the_output_and_the_exit_code(had_peers, expected_at
     )
 
 
+def test_exit_now_runs_the_exit_handlers_and_waits_for_threads_but_skips_finalization():
+    """The program's exit (gpuval.exiting.exit_now, through gpuval.cli.run): what a user can see of an
+    exit stays (output, exit code, atexit handlers, a non-daemon thread's last words), the interpreter's
+    teardown goes (an object whose finalizer would print at teardown never prints)."""
+    script = (
+        "import atexit, sys, threading, time\n"
+        "from gpuval import exiting\n"
+        "class Torn:\n"
+        "    def __del__(self):\n"
+        "        sys.stderr.write('torn down')\n"
+        "kept = Torn()\n"  # a module global: freed only by the interpreter's finalization
+        "atexit.register(lambda: sys.stderr.write('atexit ran;'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), sys.stderr.write('thread done;'))).start()\n"
+        "print('verdict line', end='')\n"
+        "exiting.exit_now(4)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (4, "verdict line", "thread done;atexit ran;")
+    ordinary = subprocess.run(
+        [sys.executable, "-c", script.replace("exiting.exit_now(4)", "sys.exit(4)")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ordinary.stderr.endswith("torn down")  # the teardown the check above would see
+
+
+def test_the_program_exits_through_exit_now(tmp_path):
+    """`python -m gpuval` ends by gpuval.exiting.exit_now, with main's exit code and its one line."""
+    hook = tmp_path / "sitecustomize.py"
+    hook.write_text(
+        "import atexit, sys\n"
+        "class Torn:\n"
+        "    def __del__(self):\n"
+        "        sys.stderr.write('torn down')\n"
+        "sys.modules['gpuval_test_torn'] = Torn()\n"
+        "atexit.register(lambda: sys.stderr.write('atexit ran'))\n"
+    )
+    env = cli_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuval", "report", str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("gpuval: ") and lines[-1] == "atexit ran", proc.stderr
+    assert "torn down" not in proc.stderr
+
+
 @pytest.mark.dist
 def test_local_turns_let_one_rank_per_node_work_at_a_time(tmp_path):
     """Host<->device copies take turns per node (runtime.local_turns): within a node the working spans

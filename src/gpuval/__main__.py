@@ -1,3 +1,3 @@
-from gpuval.cli import main
+from gpuval.cli import run
 
-main()
+run()

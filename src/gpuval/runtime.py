@@ -181,13 +181,10 @@ def leave_process(code: int) -> None:
         sys.exit(code)
     import logging
 
+    from gpuval.exiting import flush_and_exit
+
     logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
+    flush_and_exit(code)
 
 
 def launcher_env(environ: dict[str, str] | None = None) -> str:

@@ -169,3 +169,18 @@ def main() -> None:
             err_console.print(str(exc.code), markup=False, highlight=False)
             code = 1
     leave_process(code)
+
+
+def run() -> None:
+    """The program's entry point (`gpuval`, `python -m gpuval`): `main`, then the exit without the
+    interpreter's finalization (gpuval.exiting says why)."""
+    from gpuval.exiting import exit_now
+
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            err_console.print(str(code), markup=False, highlight=False)
+            code = 1
+        exit_now(code or 0)
