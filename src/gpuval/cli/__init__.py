@@ -178,9 +178,5 @@ def run() -> None:
 
     try:
         main()
-    except SystemExit as exc:
-        code = exc.code
-        if code is not None and not isinstance(code, int):
-            err_console.print(str(code), markup=False, highlight=False)
-            code = 1
-        exit_now(code or 0)
+    except SystemExit as exc:  # leave_process's: main has made every code an int (or None: 0)
+        exit_now(int(exc.code or 0))
