@@ -467,6 +467,42 @@ def test_a_pickle_planted_among_deepspeeds_files_is_refused_before_deepspeed_loa
     assert not marker.exists()
 
 
+class _GetattrPickle:
+    """Pickles as `getattr(owner, name)`: how Python 3.11.0-3.11.4 pickle a member of an Enum with a
+    mixed-in type (DeepSpeed's ZeroStageEnum is an int Enum), whatever Python writes it here."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def test_a_deepspeed_enum_pickled_by_python_3_11_2_is_read_and_no_other_getattr(tmp_path):
+    """A ZeRO state written under Debian 12's Python 3.11.2 names builtins.getattr for its ZeroStageEnum: it
+    resumes (the member comes back), while a getattr of anything else is still refused."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    from gpuval.errors import UsageError
+    from gpuval.finetune.parallel.modes import _deepspeed_data_classes, _refuse_unsafe_pickles
+
+    checkpoint = tmp_path / "step-00000004"
+    state = checkpoint / "deepspeed" / "step"
+    state.mkdir(parents=True)
+    path = state / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    torch.save({"zero_stage": _GetattrPickle(ZeroStageEnum, "optimizer_states"), "w": torch.ones(2)}, path)
+    _refuse_unsafe_pickles(checkpoint / "deepspeed", checkpoint)  # read, not refused
+    with torch.serialization.safe_globals(_deepspeed_data_classes()):
+        loaded = torch.load(path, weights_only=True)
+    assert loaded["zero_stage"] is ZeroStageEnum.optimizer_states
+    for owner, name in ((ZeroStageEnum, "__class__"), (LossScaler, "__init__"), (ZeroStageEnum, "nosuch")):
+        torch.save({"zero_stage": _GetattrPickle(owner, name)}, path)
+        with pytest.raises(UsageError, match="holds more than tensors"):
+            _refuse_unsafe_pickles(checkpoint / "deepspeed", checkpoint)
+
+
 def test_bad_training_data_leaves_no_tensorboard_folder(runtime, tmp_path):
     """The event writer is made after data, model and checkpoint are accepted: a refused run writes none."""
     from gpuval.errors import UsageError

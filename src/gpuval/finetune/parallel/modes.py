@@ -367,13 +367,27 @@ def zero_stage(cfg: Any) -> int | None:
 
 def _deepspeed_data_classes() -> list[Any]:
     """The two DeepSpeed types its ZeRO optimizer states hold (measured with 0.19.8): a loss scaler restored
-    attribute by attribute (no __setstate__) and an Enum. Allowing them imports no other code."""
+    attribute by attribute (no __setstate__) and an Enum. Allowing them imports no other code. Python
+    3.11.0-3.11.4 (Debian 12's 3.11.2) pickle a member of an Enum with a mixed-in type as
+    `getattr(ZeroStageEnum, "optimizer_states")`: `builtins.getattr` is allowed as `_enum_member`, which
+    looks up a member of these Enums and nothing else."""
     try:
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
     except ImportError:
         return []
-    return [LossScaler, ZeroStageEnum]
+    return [LossScaler, ZeroStageEnum, (_enum_member_of((ZeroStageEnum,)), "builtins.getattr")]
+
+
+def _enum_member_of(enums: tuple[type, ...]) -> Callable[[Any, Any], Any]:
+    """getattr as an unpickler may call it: only `(one of enums, a member's name)`, else an error."""
+
+    def _enum_member(cls: Any, name: Any) -> Any:
+        if cls in enums and isinstance(name, str) and name in cls.__members__:
+            return cls.__members__[name]
+        raise ValueError(f"getattr({cls!r}, {name!r}) is not a member of an allowed Enum")
+
+    return _enum_member
 
 
 def _refuse_unsafe_pickles(root: Path, folder: Path) -> None:
