@@ -527,7 +527,11 @@ def tiny_cpu_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.C
     args = ["finetune", "run", "--config", str(TINY_CPU_CONFIG), "--output", "run"]
     for key, value in TINY_CPU_SHORT.items():
         args += ["--set", f"{key}={value}"]
-    return run_cli(args, cwd, timeout=900), cwd / "run"
+    # tests/dist/warnhook: peft warns as a library does, whatever its release (test_finetune_quiet.py)
+    hook = str(DIST / "warnhook")
+    path = os.pathsep.join(p for p in (hook, os.environ.get("PYTHONPATH", "")) if p)
+    env = cli_env(PYTHONPATH=path, GPUVAL_TEST_LIBRARY_WARNING="1")
+    return run_cli(args, cwd, timeout=900, env=env), cwd / "run"
 
 
 @pytest.fixture
