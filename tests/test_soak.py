@@ -37,6 +37,7 @@ from gpuval.soak import ITERATIONS_FILE, SoakPlan, parse_duration, run_soak, soa
 
 NODE = "n1"
 SOAKHOOK = Path(__file__).parent / "dist" / "soakhook"
+REPORTHOOK = Path(__file__).parent / "dist" / "reporthook"
 # Each iteration small (one collective size, --quick, and the cpu profile without its train check, which
 # no test here reads: the train benchmark imports transformers and trains in each rank, about half an
 # iteration's CPU), so three take seconds on two shared cores.
@@ -297,12 +298,18 @@ def test_a_run_error_ends_the_soak_with_what_was_measured(tmp_path):
 # --- end to end: gpuval accept on CPU ------------------------------------------------------------------
 
 
-def _start(tmp_path: Path, args: list[str], **fault: str) -> subprocess.Popen[str]:
+def _start(
+    tmp_path: Path, args: list[str], slow_summary_s: float | None = None, **fault: str
+) -> subprocess.Popen[str]:
     """`gpuval accept ARGS` in the background; FAULT (GPUVAL_TEST_SOAK_* without the prefix, see
-    tests/dist/soakhook) starts in iteration 2."""
+    tests/dist/soakhook) starts in iteration 2; `slow_summary_s`: rank 0 takes that much longer to write the
+    soak summary's report.html (tests/dist/reporthook)."""
     env = cli_env(OMP_NUM_THREADS="1")
+    if slow_summary_s is not None:
+        path = os.pathsep.join(filter(None, [str(REPORTHOOK), os.environ.get("PYTHONPATH")]))
+        env.update(PYTHONPATH=path, GPUVAL_TEST_SLOW_SOAK_SUMMARY=str(slow_summary_s))
     if fault:
-        path = os.pathsep.join(filter(None, [str(SOAKHOOK), os.environ.get("PYTHONPATH")]))
+        path = os.pathsep.join(filter(None, [str(SOAKHOOK), env.get("PYTHONPATH")]))
         out = Path(args[args.index("--output") + 1])
         env.update(
             PYTHONPATH=path, GPUVAL_TEST_SOAK_LOG=str(out / ITERATIONS_FILE), GPUVAL_TEST_SOAK_AFTER="1"
@@ -414,17 +421,21 @@ def test_an_ecc_count_that_grows_in_iteration_2_is_named(tmp_path):
 def test_sigint_after_iteration_1_keeps_it_and_writes_the_summary(tmp_path):
     """Ctrl-C to `gpuval accept --iterations 20` once iteration 1 is written: the launcher stops both
     ranks, rank 0 writes the summary of iteration 1, and the exit code is its verdict: ERROR (3), since a
-    soak cut short never PASSes."""
+    soak cut short never PASSes. Rank 0 takes 6 s more than it needs to write the summary's report (a soak
+    of many series draws that long; a loaded machine too): the launcher waits for it, not 5 s (its wait for
+    a single accept's ranks), which killed rank 0 half-way and lost the summary (exit 130)."""
     out = tmp_path / "out"
     log = out / ITERATIONS_FILE
     out.mkdir()
     (out / "result.json").write_text('{"verdict": "PASS"}')  # an older run's: must not survive
-    proc = _start(tmp_path, [*small(tmp_path), "--iterations", "20", "--output", str(out)])
+    args = [*small(tmp_path), "--iterations", "20", "--output", str(out)]
+    slow = 6
+    proc = _start(tmp_path, args, slow_summary_s=slow)
     _wait_for_lines(log, 1, proc)
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, stdout, stderr = _finish(proc)
-    assert time.monotonic() - sent < 15
+    assert time.monotonic() - sent < 15 + slow  # the bound without the delay, and the delay
     assert code == 3, stdout[-3000:] + stderr[-3000:]
     assert "gpuval: interrupted (SIGINT): the soak stopped after 1 iteration(s)" in " ".join(stderr.split())
 

@@ -49,6 +49,11 @@ PID_PREFIX = "pid-"
 # group's collective timeout (the time a rank may wait for its peers), at most this many seconds.
 MAX_GRACE_S = 20.0
 SHUTDOWN_TIMEOUT_S = 5  # the agent's wait between SIGTERM and SIGKILL when it stops workers
+# ... when they stop a soak: rank 0 then writes the summary of the iterations done, and its reports draw
+# every judged series (report.html's soak figures: ~6 s of one core for 600 series). In 5 s on a loaded
+# 2-core machine it was killed half-way and the summary lost (CI, 2026-12-07); torch 2.11's agent, which
+# takes no shutdown_timeout, waits 30 s. A rank that ignores SIGTERM is killed at this bound.
+SOAK_SHUTDOWN_TIMEOUT_S = 20
 
 
 EXIT_DIR_PREFIX = "gpuval-exit-"
@@ -78,7 +83,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
+def launch_local(
+    nproc: int, argv: list[str], timeout_s: float = 300.0, shutdown_s: float = SHUTDOWN_TIMEOUT_S
+) -> int:
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -104,7 +111,7 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
         max_restarts=0,
         monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs(log_dir=str(exit_dir / "logs")),  # not a torchelastic_* dir left in /tmp
-        **_launch_options(LaunchConfig),
+        **_launch_options(LaunchConfig, shutdown_s),
     )
     watchdog = _Watchdog(exit_dir, nproc, grace_s=min(max(timeout_s, 1.0), MAX_GRACE_S), solo_s=timeout_s)
     watchdog.start()
@@ -156,7 +163,7 @@ def launch_local(nproc: int, argv: list[str], timeout_s: float = 300.0) -> int:
     return codes.get(0, EXIT_ERROR)
 
 
-def _launch_options(config_type: type) -> dict[str, object]:
+def _launch_options(config_type: type, shutdown_s: float = SHUTDOWN_TIMEOUT_S) -> dict[str, object]:
     """LaunchConfig's optional fields that this torch has: they arrived over several releases
     (`signals_to_handle` in 2.10, `shutdown_timeout` in 2.12; docs/torch-versions.md), so each is passed
     only where the dataclass declares it. Without them the agent forwards SIGINT to the workers and waits
@@ -168,7 +175,7 @@ def _launch_options(config_type: type) -> dict[str, object]:
         # SIGINT stays gpuval's own (cli.main: Interrupted, like KeyboardInterrupt): the agent then stops
         # the workers with SIGTERM, which ends them silently, instead of forwarding SIGINT to every rank.
         "signals_to_handle": "SIGTERM,SIGHUP,SIGQUIT",
-        "shutdown_timeout": SHUTDOWN_TIMEOUT_S,
+        "shutdown_timeout": shutdown_s,
     }
     return {name: value for name, value in wanted.items() if name in have}
 
@@ -423,6 +430,7 @@ def run_distributed(
     gpus_expected: bool = False,
     timeout_s: float = 300.0,
     starting: Callable[[int], None] | None = None,
+    shutdown_s: float = SHUTDOWN_TIMEOUT_S,
 ) -> int:
     """Run `work` here, or under torchrun's agent with one rank per local GPU when nothing launched us.
 
@@ -430,7 +438,8 @@ def run_distributed(
     `gpus_expected`: the profile expects GPUs (no CPU ranks stand in for them); `timeout_s`: the
     collective timeout, which also bounds how long the launcher waits for a rank that outlives the others;
     `starting(ranks)`: called in the process the user started, once the ranks are known to be startable
-    and before they start (their start-up takes seconds: the command says what starts first).
+    and before they start (their start-up takes seconds: the command says what starts first);
+    `shutdown_s`: how long stopped ranks may take to end before they are killed (launch_local).
     """
     from gpuval.runtime import launcher_env
 
@@ -441,7 +450,7 @@ def run_distributed(
     if single and starting is not None:
         starting(ranks)
     if single and ranks > 1:
-        return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s)
+        return launch_local(ranks, [*sys.argv[1:], *extra_argv], timeout_s=timeout_s, shutdown_s=shutdown_s)
     try:
         code = work()
     except GpuvalError as exc:

@@ -198,6 +198,7 @@ def accept(
                 gpus_expected=bool(loaded.expect.gpu_count),
                 timeout_s=loaded.runtime.timeout_s,
                 starting=starting,
+                shutdown_s=launch.SHUTDOWN_TIMEOUT_S if soak is None else launch.SOAK_SHUTDOWN_TIMEOUT_S,
             )
         except GpuvalError:
             raise
