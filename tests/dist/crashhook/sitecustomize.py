@@ -31,7 +31,7 @@ def _stop() -> None:
 if _where == "launcher" and "RANK" not in os.environ:
     import gpuval.launch as _launch
 
-    def _launch_local(nproc, argv, timeout_s=300.0, shutdown_s=5.0):
+    def _launch_local(nproc, argv, timeout_s=300.0, shutdown_s=_launch.SHUTDOWN_TIMEOUT_S):
         raise TypeError("LaunchConfig.__init__() got an unexpected keyword argument 'from_the_test'")
 
     _launch.launch_local = _launch_local
