@@ -69,3 +69,33 @@ def test_a_second_call_moves_the_output_without_doubling_it(tmp_path):
                 logger.removeHandler(handler)
                 handler.close()
             logger.propagate = True
+
+
+def test_a_lookup_before_the_import_does_not_use_up_the_after_import_hook(tmp_path):
+    """transformers asks `importlib.util.find_spec("peft")` (is_peft_available) long before anything imports
+    peft, and accelerate does the same for DeepSpeed: the quiet switch must still run when the module is
+    really imported, once, and the finder must leave sys.meta_path then."""
+    package = tmp_path / "gpuval_probe_target"
+    package.mkdir()
+    (package / "__init__.py").write_text("LOADS = globals().get('LOADS', 0) + 1\n", encoding="utf-8")
+    script = (
+        "import importlib, importlib.util, sys\n"
+        f"sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from gpuval.quiet import _AfterImport, _after_import\n"
+        "calls = []\n"
+        "loads = lambda: sys.modules['gpuval_probe_target'].LOADS\n"
+        "_after_import('gpuval_probe_target', lambda: calls.append(loads()))\n"
+        "_after_import('gpuval_probe_target', lambda: calls.append('twice'))  # asked again: still once\n"
+        "assert importlib.util.find_spec('gpuval_probe_target') is not None  # a lookup, no import\n"
+        "assert calls == [] and 'gpuval_probe_target' not in sys.modules, calls\n"
+        "import gpuval_probe_target\n"
+        "assert calls == [1], calls\n"
+        "assert not any(isinstance(f, _AfterImport) for f in sys.meta_path)\n"
+        "del sys.modules['gpuval_probe_target']\n"
+        "import gpuval_probe_target\n"
+        "assert calls == [1], calls\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

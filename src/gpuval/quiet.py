@@ -125,23 +125,33 @@ def _deepspeed_quiet() -> None:
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs `then()` once the module `name` has been executed, whoever imports it: the finder steps aside
-    for the real one and wraps the loader it returns."""
+    for the real one and wraps the loader it returns. It stays on sys.meta_path until the module has run:
+    a mere lookup (`importlib.util.find_spec`, as transformers' `is_peft_available` and accelerate's
+    checks do) gets a spec that is never executed, and must not use the hook up."""
 
     def __init__(self, name: str, then: Callable[[], None]) -> None:
         self.name, self.then = name, then
+        self._looking = self._done = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
+        if fullname != self.name or self._looking or self._done:
             return None
-        sys.meta_path.remove(self)  # once, and never for the lookup below
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True  # the lookup below asks sys.meta_path again, this finder included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        load, then = spec.loader.exec_module, self.then
+        load = spec.loader.exec_module
 
         def exec_module(module: ModuleType) -> None:
             load(module)  # the import system put the module in sys.modules before: `then` imports it
-            then()
+            if not self._done:
+                self._done = True
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                self.then()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
